@@ -1,0 +1,81 @@
+"""Allocate: place waiting workloads on free capacity, projects taking turns by fair share.
+
+A workload that does not fit now but fits once releasing workloads are gone is pipelined onto their
+capacity, so nothing else takes what it waits for.
+"""
+
+from __future__ import annotations
+
+from gpupool.core import explain, quota
+from gpupool.core.decision import Pending, PendingCode
+from gpupool.core.model import Placement
+from gpupool.core.ordering import FairOrder
+from gpupool.core.session import Session
+from gpupool.core.state import WorkloadState
+
+
+def allocate(session: Session) -> None:
+    state = session.state
+    has_releasing = any(n.rel_cpu or n.rel_memory or any(d.rel for d in n.devices) for n in state.nodes)
+    failed: set[tuple[object, ...]] = set()
+    order = FairOrder(session, session.waiting())
+    for ws in order:
+        try_allocate(session, ws, failed, has_releasing)
+    for idx, head in order.blocked.items():
+        ws = state.workloads[idx]
+        session.pending[idx] = Pending(
+            ws.w.id,
+            PendingCode.QUEUED_BEHIND,
+            f"project {ws.w.project} is strict FIFO and its head {head.w.id} is waiting",
+        )
+
+
+def try_allocate(session: Session, ws: WorkloadState, failed: set[tuple[object, ...]], has_releasing: bool) -> bool:
+    state, placer, w = session.state, session.placer, ws.w
+    if not placer.ever_fits(ws):
+        session.pending[ws.idx] = explain.never_fits(ws)
+        return False
+    nominal = w.request.nominal_milli() * w.gang_size
+    verdicts = [quota.check(state, ws.queue, p, nominal, w.preemptible) for p in range(len(state.pools))]
+    candidate_pools = {n.pool_idx for g in placer.groups(ws) for n in g}
+    if all(verdicts[p] is not None for p in candidate_pools):
+        first = verdicts[min(candidate_pools, key=lambda p: _preference(ws, state.pools[p]))]
+        assert first is not None
+        session.pending[ws.idx] = Pending(w.id, first.code, first.message)
+        return False
+    shape = (w.request, w.pools, w.gpu_models, w.gang_size, tuple(v is None for v in verdicts))
+    for pipelined in (False, True):
+        if pipelined and not has_releasing:
+            break
+        if (shape, pipelined) in failed:
+            continue
+        placements = placer.place(ws, pipelined, lambda p: verdicts[p] is None)
+        if placements is None:
+            failed.add((shape, pipelined))
+            continue
+        if w.request.gpu_memory_mib:
+            verdict = _exact_quota(session, ws, placements)
+            if verdict is not None:
+                session.pending[ws.idx] = verdict
+                return False
+        state.place(ws, placements, pipelined)
+        state.commit()
+        session.stats["bound" if not pipelined else "pipelined"] += 1
+        if pipelined:
+            session.pending[ws.idx] = explain.waiting(ws)
+        return True
+    session.pending[ws.idx] = explain.no_room(ws)
+    return False
+
+
+def _exact_quota(session: Session, ws: WorkloadState, placements: tuple[Placement, ...]) -> Pending | None:
+    """Memory requests count the share of the device they landed on, known only after placement."""
+    state = session.state
+    pool_idx = state.node_by_name[placements[0].node].pool_idx
+    milli = sum(d.milli for p in placements for d in p.devices)
+    verdict = quota.check(state, ws.queue, pool_idx, milli, ws.w.preemptible)
+    return None if verdict is None else Pending(ws.w.id, verdict.code, verdict.message)
+
+
+def _preference(ws: WorkloadState, pool: str) -> tuple[int, str]:
+    return (ws.w.pools.index(pool) if pool in ws.w.pools else len(ws.w.pools), pool)

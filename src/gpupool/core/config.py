@@ -1,0 +1,31 @@
+"""How a cycle runs: which actions, which placement policy, and the typical workload mix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpupool.core.placement.policies import TypicalMix
+
+ALL_ACTIONS: tuple[str, ...] = ("stale_gangs", "allocate", "reclaim", "preempt", "consolidate")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    policy: str = "gpupool"
+    """Placement scoring policy by name: random, dotprod, clustering, packing, bestfit, fgd, gpupool."""
+    actions: tuple[str, ...] = ("stale_gangs", "allocate", "reclaim", "preempt")
+    """Consolidation moves running work, so it is opt-in: add "consolidate" to enable it."""
+    typical_mix: TypicalMix | None = None
+    """Request shapes with popularity weights for fragmentation scoring; None derives it from the snapshot."""
+    mix_coverage_pct: int = 95
+    """When derived, the most popular shapes that together cover this share of workloads."""
+    seed: int = 0
+    max_preemption_attempts: int = 200
+    """Per action and cycle: bounds the cost of a cycle when much work waits on a full cluster."""
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.actions if a not in ALL_ACTIONS]
+        if unknown:
+            raise ValueError(f"unknown actions {unknown}; known: {', '.join(ALL_ACTIONS)}")
+        if not 1 <= self.mix_coverage_pct <= 100:
+            raise ValueError("mix_coverage_pct must be between 1 and 100")

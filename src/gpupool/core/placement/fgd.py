@@ -1,0 +1,137 @@
+"""Fragmentation-gradient placement (FGD, USENIX ATC'23) and gpupool's default policy built on it.
+
+A node's fragmentation is the GPU capacity (milli) that the typical workload mix could not use there,
+weighted by each typical shape's popularity. FGD places a request where it grows that figure least.
+"""
+
+from __future__ import annotations
+
+from gpupool.core.model import MILLI, DeviceShare, Request
+from gpupool.core.placement.devices import free_whole_devices, share_candidates, whole_shares
+from gpupool.core.placement.policies import Policy, PolicyContext, register
+from gpupool.core.state import NodeState
+
+Shape = tuple[int, int, int, int, int]
+
+
+def shape_of(req: Request) -> Shape:
+    return (req.gpus, req.gpu_milli, req.gpu_memory_mib, req.cpu_milli, req.memory_mib)
+
+
+def typical_fragment(free: list[int], cpu_free: int, mem_free: int, mem_per_device: int, t: Request) -> int:
+    """Idle milli-GPU on one node that a workload of shape `t` could not use."""
+    idle = sum(free)
+    if idle == 0:
+        return 0
+    host_fits = t.cpu_milli <= cpu_free and t.memory_mib <= mem_free
+    if t.gpus == 0 and t.gpu_milli == 0 and t.gpu_memory_mib == 0:
+        return 0 if host_fits else idle
+    if not host_fits:
+        return idle
+    if t.gpus:
+        if sum(1 for f in free if f == MILLI) >= t.gpus:
+            return sum(f for f in free if f < MILLI)
+        return idle
+    need = t.gpu_milli or min(MILLI, -(-t.gpu_memory_mib * MILLI // max(1, mem_per_device)))
+    if any(f >= need for f in free):
+        return sum(f for f in free if f < need)
+    return idle
+
+
+class FgdPolicy(Policy):
+    name = "fgd"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        total = sum(w for _, w in ctx.mix) or 1
+        self._mix = ctx.mix
+        self._total_weight = total
+        self._cache: dict[int, tuple[int, dict[tuple[Shape, bool, frozenset[str]], tuple[tuple[DeviceShare, ...] | None, float]]]] = {}
+
+    def node_fragment(self, free: list[int], cpu_free: int, mem_free: int, mem_per_device: int) -> float:
+        frag = 0
+        for t, w in self._mix:
+            frag += w * typical_fragment(free, cpu_free, mem_free, mem_per_device, t)
+        return frag / self._total_weight
+
+    def _evaluate(
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+    ) -> tuple[tuple[DeviceShare, ...] | None, float]:
+        entry = self._cache.get(node.idx)
+        key = (shape_of(req), pipelined, models)
+        if entry is not None and entry[0] == node.version:
+            hit = entry[1].get(key)
+            if hit is not None:
+                return hit
+        else:
+            entry = (node.version, {})
+            self._cache[node.idx] = entry
+        result = self._compute(node, req, pipelined, models)
+        entry[1][key] = result
+        return result
+
+    def _compute(
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+    ) -> tuple[tuple[DeviceShare, ...] | None, float]:
+        free = [d.free_milli() for d in node.devices]
+        cpu_free = node.cpu - node.used_cpu - node.rel_cpu
+        mem_free = node.memory - node.used_memory - node.rel_memory
+        mem_dev = node.devices[0].memory if node.devices else 0
+        before = self.node_fragment(free, cpu_free, mem_free, mem_dev)
+        cpu_after, mem_after = cpu_free - req.cpu_milli, mem_free - req.memory_mib
+        if req.gpus:
+            devices = free_whole_devices(node, pipelined, models)
+            if len(devices) < req.gpus:
+                return None, 0.0
+            shares = whole_shares(devices[: req.gpus])
+            after = list(free)
+            for s in shares:
+                after[_position(node, s.index)] = 0
+            return shares, before - self.node_fragment(after, cpu_after, mem_after, mem_dev)
+        if req.gpu_milli or req.gpu_memory_mib:
+            best: tuple[float, int, DeviceShare] | None = None
+            for d, milli, mem in share_candidates(node, req, pipelined, models):
+                after = list(free)
+                pos = _position(node, d.index)
+                after[pos] = max(0, after[pos] - milli)
+                delta = before - self.node_fragment(after, cpu_after, mem_after, mem_dev)
+                key = (-delta, d.index, DeviceShare(d.index, milli, mem))
+                if best is None or key[:2] < best[:2]:
+                    best = key
+            if best is None:
+                return None, 0.0
+            return (best[2],), -best[0]
+        return (), before - self.node_fragment(free, cpu_after, mem_after, mem_dev)
+
+    def evaluate(
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+    ) -> tuple[tuple[DeviceShare, ...], float] | None:
+        shares, value = self._evaluate(node, req, pipelined, models)
+        return None if shares is None else (shares, value)
+
+
+class GpupoolPolicy(FgdPolicy):
+    """The default: fragmentation gradient first, then packing onto fuller nodes to break near-ties."""
+
+    name = "gpupool"
+
+    def evaluate(
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+    ) -> tuple[tuple[DeviceShare, ...], float] | None:
+        found = super().evaluate(node, req, pipelined, models)
+        if found is None:
+            return None
+        total = len(node.devices) * MILLI or 1
+        fullness = 1.0 - node.gpu_milli_free() / total
+        return found[0], found[1] + 0.001 * fullness
+
+
+def _position(node: NodeState, index: int) -> int:
+    for i, d in enumerate(node.devices):
+        if d.index == index:
+            return i
+    raise KeyError(index)
+
+
+register(FgdPolicy.name, FgdPolicy)
+register(GpupoolPolicy.name, GpupoolPolicy)

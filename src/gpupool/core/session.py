@@ -1,0 +1,139 @@
+"""One cycle's session: the working state built from a snapshot, fair shares, and what each action found."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gpupool.core import fairshare
+from gpupool.core.config import SchedulerConfig
+from gpupool.core.decision import Bind, Pending, PendingCode, QueueShare
+from gpupool.core.model import MILLI, Request, Snapshot, State
+from gpupool.core.placement import fgd as _fgd  # noqa: F401  (registers the fgd and gpupool policies)
+from gpupool.core.placement.placer import Placer
+from gpupool.core.placement.policies import PolicyContext, TypicalMix, make_policy
+from gpupool.core.state import NodeState, WorkingState, WorkloadState, build_tree
+
+
+@dataclass
+class Session:
+    state: WorkingState
+    placer: Placer
+    config: SchedulerConfig
+    fair: list[list[int]]
+    """Queue index -> pool index -> fair share in milli-GPU."""
+    demand: list[list[int]]
+    pending: dict[int, Pending] = field(default_factory=dict)
+    """Workload index -> why it is still pending (the latest action's word)."""
+    unknown: list[Pending] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    def waiting(self) -> list[WorkloadState]:
+        """Pending workloads not yet placed or pipelined this cycle, in workload order."""
+        return [ws for ws in self.state.workloads if ws.state is State.PENDING]
+
+    def bound(self) -> tuple[Bind, ...]:
+        return tuple(
+            Bind(ws.w.id, ws.placements) for ws in self.state.workloads if ws.bound and not ws.pipelined
+        )
+
+    def shares(self) -> tuple[QueueShare, ...]:
+        tree, out = self.state.tree, []
+        for q, queue in enumerate(tree.queues):
+            for p, pool in enumerate(self.state.pools):
+                quota = queue.quota(pool)
+                out.append(
+                    QueueShare(
+                        queue.name, pool, quota.deserved, self.fair[q][p], self.state.used[q][p], quota.limit,
+                        self.demand[q][p],
+                    )
+                )
+        return tuple(out)
+
+
+def open_session(snapshot: Snapshot, config: SchedulerConfig) -> Session:
+    tree = build_tree(snapshot.queues)
+    nodes_sorted = sorted(snapshot.nodes, key=lambda n: n.name)
+    pools = sorted({n.pool for n in nodes_sorted})
+    pool_index = {p: i for i, p in enumerate(pools)}
+    nodes = [NodeState(n, i, pool_index[n.pool]) for i, n in enumerate(nodes_sorted)]
+    if len({n.name for n in nodes}) != len(nodes):
+        raise ValueError("node names must be unique")
+    workloads: list[WorkloadState] = []
+    unknown: list[Pending] = []
+    for w in sorted(snapshot.workloads, key=lambda w: w.id):
+        q = tree.index.get(w.project)
+        if q is None:
+            if w.state is State.PENDING:
+                unknown.append(Pending(w.id, PendingCode.NEVER_FITS, f"project {w.project!r} does not exist"))
+            continue
+        if tree.children[q]:
+            if w.state is State.PENDING:
+                unknown.append(Pending(w.id, PendingCode.NEVER_FITS, f"{w.project!r} is a department, not a project"))
+            continue
+        workloads.append(WorkloadState(w, len(workloads), q))
+    if len({ws.w.id for ws in workloads}) != len(workloads):
+        raise ValueError("workload ids must be unique")
+    n_q, n_p = len(tree.queues), len(pools)
+    state = WorkingState(
+        tree=tree, pools=pools, nodes=nodes, node_by_name={n.name: n for n in nodes}, workloads=workloads,
+        now=snapshot.now, used=[[0] * n_p for _ in range(n_q)], np_used=[[0] * n_p for _ in range(n_q)],
+    )
+    for ws in workloads:
+        if ws.state is not State.PENDING:
+            state.adopt(ws)
+    fair, demand = _fair_shares(state)
+    ctx = PolicyContext(
+        mix=config.typical_mix if config.typical_mix is not None else derive_mix(snapshot, config.mix_coverage_pct),
+        seed=config.seed,
+        max_cpu=max((n.cpu for n in nodes), default=1),
+        max_gpus=max((len(n.devices) for n in nodes), default=1),
+    )
+    placer = Placer(state, make_policy(config.policy, ctx))
+    return Session(state, placer, config, fair, demand, unknown=unknown)
+
+
+def _fair_shares(state: WorkingState) -> tuple[list[list[int]], list[list[int]]]:
+    n_q, n_p = len(state.tree.queues), len(state.pools)
+    own = [[0] * n_p for _ in range(n_q)]
+    for ws in state.workloads:
+        if ws.state is State.RUNNING and ws.pool_idx >= 0:
+            own[ws.queue][ws.pool_idx] += ws.milli
+        elif ws.state is State.PENDING:
+            want = ws.w.request.nominal_milli() * ws.w.gang_size
+            for p, pool in enumerate(state.pools):
+                if not ws.w.pools or pool in ws.w.pools:
+                    own[ws.queue][p] += want
+    capacity = [0] * n_p
+    for n in state.nodes:
+        if n.schedulable:
+            capacity[n.pool_idx] += len(n.devices) * MILLI
+        else:
+            capacity[n.pool_idx] += sum(d.used for d in n.devices)
+    fair = [[0] * n_p for _ in range(n_q)]
+    demand = [[0] * n_p for _ in range(n_q)]
+    for p, pool in enumerate(state.pools):
+        d = fairshare.capped_demand(state.tree, pool, [own[q][p] for q in range(n_q)])
+        f = fairshare.fair_shares(state.tree, pool, capacity[p], d)
+        for q in range(n_q):
+            fair[q][p] = f[q]
+            demand[q][p] = d[q]
+    return fair, demand
+
+
+def derive_mix(snapshot: Snapshot, coverage_pct: int) -> TypicalMix:
+    """The most popular request shapes covering `coverage_pct` of workloads, as FGD defines typical pods."""
+    counts: Counter[Request] = Counter(w.request for w in snapshot.workloads)
+    total = sum(counts.values())
+    mix: list[tuple[Request, int]] = []
+    covered = 0
+    for req, n in sorted(counts.items(), key=lambda kv: (-kv[1], _request_key(kv[0]))):
+        if covered * 100 >= coverage_pct * total:
+            break
+        mix.append((req, n))
+        covered += n
+    return tuple(mix)
+
+
+def _request_key(r: Request) -> tuple[int, ...]:
+    return (r.gpus, r.gpu_milli, r.gpu_memory_mib, r.cpu_milli, r.memory_mib)

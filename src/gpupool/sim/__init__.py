@@ -1,0 +1,1 @@
+"""The simulator: replays clusters through the same core.schedule() the control plane calls."""
