@@ -9,7 +9,9 @@ from gpupool.core import (
     MILLI,
     Decision,
     Device,
+    DeviceShare,
     Node,
+    Placement,
     Queue,
     Quota,
     Request,
@@ -48,7 +50,9 @@ class Cluster:
 
     # -- organisation --------------------------------------------------------------------------------
 
-    def department(self, name: str, deserved: float = 0, limit: float | None = None, weight: int = 1, pool: str = "") -> Cluster:
+    def department(
+        self, name: str, deserved: float = 0, limit: float | None = None, weight: int = 1, pool: str = ""
+    ) -> Cluster:
         return self._queue(name, None, deserved, limit, weight, pool, False)
 
     def project(
@@ -84,6 +88,17 @@ class Cluster:
                 preemptible=cls.preemptible if preemptible is None else preemptible, min_runtime_s=min_runtime,
                 gang_size=workers, pools=tuple(pools), gpu_models=tuple(models), submit_time=self.now,
             )
+        )
+        return self
+
+    def running(self, wid: str, project: str, node: str, devices: Iterable[int], **submit: object) -> Cluster:
+        """A workload already running on the given whole devices of one node."""
+        self.submit(wid, project, **submit)  # type: ignore[arg-type]
+        w = self.workloads[-1]
+        gpu = [d for n in self.nodes if n.name == node for d in n.devices if d.index in set(devices)]
+        shares = tuple(DeviceShare(d.index, MILLI, d.memory_mib) for d in gpu)
+        self.workloads[-1] = dataclasses.replace(
+            w, state=State.RUNNING, placements=(Placement(0, node, shares),), start_time=self.now
         )
         return self
 

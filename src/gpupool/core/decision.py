@@ -84,7 +84,9 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "binds": [{"workload": b.workload, "placements": [_placement(p) for p in b.placements]} for b in self.binds],
+            "binds": [
+                {"workload": b.workload, "placements": [_placement(p) for p in b.placements]} for b in self.binds
+            ],
             "evictions": [
                 {"workload": e.workload, "reason": e.reason.value, "message": e.message, "preemptor": e.preemptor}
                 for e in self.evictions

@@ -57,7 +57,7 @@ def waiting(ws: WorkloadState, victims: int | None = None) -> Pending:
     return Pending(
         ws.w.id,
         PendingCode.WAITING_FOR_EVICTIONS,
-        f"waiting for {what} to release their GPUs; it will start on {', '.join(sorted({p.node for p in ws.placements}))}",
+        f"waiting for {what} to release their GPUs; it will start on {_nodes(ws)}",
         nominated=ws.placements,
     )
 
@@ -91,3 +91,7 @@ def explain_all(session: Session) -> tuple[Pending, ...]:
         out.append(reason)
     out.sort(key=lambda p: p.workload)
     return tuple(out)
+
+
+def _nodes(ws: WorkloadState) -> str:
+    return ", ".join(sorted({p.node for p in ws.placements}))

@@ -65,15 +65,18 @@ def _water_fill(left: int, give: list[int], caps: list[int], weights: list[int])
             return
         total_w = sum(weights[i] for i in active)
         handed = 0
+        capped = False
         for i in active:
-            inc = min(left * weights[i] // total_w, caps[i] - give[i])
+            inc = left * weights[i] // total_w
+            if inc >= caps[i] - give[i]:
+                inc, capped = caps[i] - give[i], True
             give[i] += inc
             handed += inc
-        if handed == 0:
-            # Fewer milli left than the weights can split: hand them out one by one, heaviest first.
-            for i in sorted(active, key=lambda i: (-weights[i], i)):
-                if handed == left:
-                    break
+        if not capped:
+            # Nobody hit a cap: the milli that flooring left over go by largest remainder, ties by position.
+            rest = left - handed
+            order = sorted(active, key=lambda i: (-(left * weights[i] % total_w), i))
+            for i in order[:rest]:
                 give[i] += 1
-                handed += 1
+            handed += min(rest, len(order))
         left -= handed

@@ -73,7 +73,8 @@ class NodeState:
         self.pool_idx = pool_idx
         self.cpu = node.cpu_milli
         self.memory = node.memory_mib
-        self.devices = [DeviceState(d.index, d.model, d.memory_mib) for d in sorted(node.devices, key=lambda d: d.index)]
+        ordered = sorted(node.devices, key=lambda d: d.index)
+        self.devices = [DeviceState(d.index, d.model, d.memory_mib) for d in ordered]
         self.models = frozenset(d.model for d in node.devices)
         self.schedulable = node.schedulable
         self.used_cpu = 0

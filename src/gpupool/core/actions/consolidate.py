@@ -19,12 +19,10 @@ from gpupool.core.state import NodeState, WorkloadState
 
 def consolidate(session: Session) -> None:
     state = session.state
-    attempts = 0
     waiting = [ws for ws in session.waiting() if _retryable(session, ws) and ws.w.gang_size == 1]
-    for ws in FairOrder(session, waiting):
+    for attempts, ws in enumerate(FairOrder(session, waiting)):
         if attempts >= session.config.max_preemption_attempts:
             break
-        attempts += 1
         moved = _try(session, ws)
         if moved:
             state.commit()
@@ -57,7 +55,9 @@ def _try(session: Session, ws: WorkloadState) -> int:
 
 
 def _movable(v: WorkloadState, now: float) -> bool:
-    return v.state is State.RUNNING and not v.bound and v.w.preemptible and v.w.gang_size == 1 and past_min_runtime(v, now)
+    if v.state is not State.RUNNING or v.bound or not v.w.preemptible:
+        return False
+    return v.w.gang_size == 1 and past_min_runtime(v, now)
 
 
 def _move_off(session: Session, node: NodeState, movable: list[WorkloadState], ws: WorkloadState) -> int:

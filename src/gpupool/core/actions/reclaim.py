@@ -7,6 +7,8 @@ reclaimer above its fair share.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpupool.core import explain
 from gpupool.core.decision import EvictReason, PendingCode
 from gpupool.core.ordering import FairOrder
@@ -35,34 +37,8 @@ def reclaim(session: Session) -> None:
         if key in failed:
             continue
         attempts += 1
-        shared = set(chain)
         by_quota = {p: _within(session, chain, p, nominal, deserved) for p in entitled}
-        before = [list(state.used[q]) for q in chain]
-
-        def eligible(v: WorkloadState) -> bool:
-            p = v.pool_idx
-            if v.queue == ws.queue or not v.w.preemptible or p not in by_quota:
-                return False
-            if not past_min_runtime(v, state.now):
-                return False
-            for q in state.tree.chain[v.queue]:
-                if q in shared:
-                    continue
-                used = state.used[q][p]
-                if used - v.milli < state.tree.queues[q].quota(state.pools[p]).deserved:
-                    return False
-                if not (used > session.fair[q][p] or by_quota[p]):
-                    return False
-            return True
-
-        def valid() -> bool:
-            p = ws.pool_idx
-            for i, q in enumerate(chain):
-                now = state.used[q][p]
-                if now > before[i][p] and now > session.fair[q][p]:
-                    return False
-            return True
-
+        eligible, valid = _rules(session, ws, by_quota)
         message = f"reclaimed for {ws.w.id} of project {ws.w.project}, which is below its fair share"
         evicted = place_with_evictions(session, ws, eligible, valid, EvictReason.RECLAIM, message)
         if evicted is None:
@@ -89,3 +65,44 @@ def _deserved(session: Session) -> list[list[int]]:
 
 def _within(session: Session, chain: tuple[int, ...], p: int, nominal: int, bound: list[list[int]]) -> bool:
     return all(session.state.used[q][p] + nominal <= bound[q][p] for q in chain)
+
+
+def _rules(
+    session: Session, ws: WorkloadState, by_quota: dict[int, bool]
+) -> tuple[Callable[[WorkloadState], bool], Callable[[], bool]]:
+    """Victims: preemptible work of other projects, in pools where the reclaimer is entitled.
+
+    Every queue that loses work (up to the common ancestor) stays at or above its deserved quota and
+    was above its fair share, unless the reclaimer is within its own deserved quota (quota reclaim).
+    The reclaimer and its ancestors end no higher than their fair share.
+    """
+    state = session.state
+    chain = state.tree.chain[ws.queue]
+    shared = set(chain)
+    before = [list(state.used[q]) for q in chain]
+
+    def eligible(v: WorkloadState) -> bool:
+        p = v.pool_idx
+        if v.queue == ws.queue or not v.w.preemptible or p not in by_quota:
+            return False
+        if not past_min_runtime(v, state.now):
+            return False
+        for q in state.tree.chain[v.queue]:
+            if q in shared:
+                continue
+            used = state.used[q][p]
+            if used - v.milli < state.tree.queues[q].quota(state.pools[p]).deserved:
+                return False
+            if not (used > session.fair[q][p] or by_quota[p]):
+                return False
+        return True
+
+    def valid() -> bool:
+        p = ws.pool_idx
+        for i, q in enumerate(chain):
+            now = state.used[q][p]
+            if now > before[i][p] and now > session.fair[q][p]:
+                return False
+        return True
+
+    return eligible, valid

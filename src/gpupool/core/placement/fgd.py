@@ -12,6 +12,8 @@ from gpupool.core.placement.policies import Policy, PolicyContext, register
 from gpupool.core.state import NodeState
 
 Shape = tuple[int, int, int, int, int]
+_Key = tuple[Shape, bool, frozenset[str]]
+_Found = tuple[tuple[DeviceShare, ...] | None, float]
 
 
 def shape_of(req: Request) -> Shape:
@@ -46,7 +48,7 @@ class FgdPolicy(Policy):
         total = sum(w for _, w in ctx.mix) or 1
         self._mix = ctx.mix
         self._total_weight = total
-        self._cache: dict[int, tuple[int, dict[tuple[Shape, bool, frozenset[str]], tuple[tuple[DeviceShare, ...] | None, float]]]] = {}
+        self._cache: dict[int, tuple[int, dict[_Key, _Found]]] = {}
 
     def node_fragment(self, free: list[int], cpu_free: int, mem_free: int, mem_per_device: int) -> float:
         frag = 0

@@ -129,10 +129,7 @@ class ClusteringPolicy(Policy):
         want = sum(s.milli for s in shares)
         sizes = {d.used for d in node.devices if d.used and not d.whole}
         whole_used = sum(1 for d in node.devices if d.whole)
-        if req.gpus:
-            same = whole_used > 0 and not sizes
-        else:
-            same = sizes == {want} or (len(sizes) == 1 and want in sizes)
+        same = (whole_used > 0 and not sizes) if req.gpus else sizes == {want}
         idle = not sizes and whole_used == 0
         return 2.0 if same else (1.0 if idle else 0.0)
 

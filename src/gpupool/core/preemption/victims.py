@@ -53,7 +53,7 @@ def place_with_evictions(
 def _place_members(
     session: Session, ws: WorkloadState, nodes: list[NodeState], eligible: Eligible, reason: EvictReason, message: str
 ) -> tuple[Placement, ...] | None:
-    state, policy = session.state, session.placer.policy
+    state = session.state
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     need = req.nominal_milli()
     placements: list[Placement] = []

@@ -1,0 +1,97 @@
+"""Reclaim: projects below their share take GPUs back from borrowers, never below the victim's deserved."""
+
+from tests.core.builders import Cluster, Run
+
+
+def borrowing_cluster() -> tuple[Cluster, Run]:
+    """Project b has borrowed the whole node while a, owed 4 GPUs, was idle."""
+    c = Cluster().pool("h100", nodes=1, gpus=8).project("a", deserved=4).project("b", deserved=4)
+    run = Run(c.snapshot())
+    for i in range(8):  # started one after another
+        run.submit(c, f"b{i}", "b", gpus=1).settle()
+    return c, run
+
+
+def test_project_within_deserved_reclaims_from_a_borrower() -> None:
+    c, run = borrowing_cluster()
+    assert run.used_gpus("b") == 8
+    run.submit(c, "a0", "a", gpus=2)
+    first = run.cycle()
+    assert sorted(e.workload for e in first.evictions) == ["b6", "b7"]  # the newest go first
+    assert all(e.reason.value == "reclaim" and e.preemptor == "a0" for e in first.evictions)
+    assert first.pending_for("a0").code.value == "waiting-for-evictions"  # type: ignore[union-attr]
+    run.settle()
+    assert "a0" in run.running() and run.used_gpus("b") == 6
+
+
+def test_reclaim_never_pushes_the_victim_below_its_deserved() -> None:
+    c, run = borrowing_cluster()
+    run.submit(c, "big", "a", gpus=8)  # a asks for more than its share: it can have 4 back, not 8
+    run.settle()
+    assert "big" not in run.running()
+    assert run.used_gpus("b") == 8
+    assert run.evicted() == []
+
+
+def test_each_victim_is_evicted_exactly_once() -> None:
+    c, run = borrowing_cluster()
+    for i in range(4):
+        run.submit(c, f"a{i}", "a", gpus=1)
+    run.settle()
+    assert sorted(run.evicted()) == ["b4", "b5", "b6", "b7"]
+    assert len(run.evicted()) == len(set(run.evicted()))
+
+
+def test_reclaim_ignores_priority_across_projects() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=4).project("a", deserved=2).project("b", deserved=2)
+    for i in range(4):
+        c.submit(f"b{i}", "b", gpus=1, priority="interactive", preemptible=True)
+    run = Run(c.snapshot()).settle()
+    run.submit(c, "sweep", "a", gpus=1, priority="batch")
+    run.settle()
+    assert "sweep" in run.running()
+
+
+def test_non_preemptible_borrower_is_never_a_victim() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=4).project("a", deserved=2).project("b", deserved=4)
+    c.submit("serve", "b", gpus=4, priority="production")
+    run = Run(c.snapshot()).settle()
+    run.submit(c, "a0", "a", gpus=1)
+    run.settle()
+    assert run.evicted() == [] and "a0" in run.pending()
+
+
+def test_no_node_could_host_it_even_after_evictions_so_nothing_is_evicted() -> None:
+    c = Cluster().pool("h100", nodes=2, gpus=4).project("a", deserved=4).project("b", deserved=4)
+    for i in range(8):
+        c.submit(f"b{i}", "b", gpus=1)
+    run = Run(c.snapshot()).settle()
+    run.submit(c, "wide", "a", gpus=6)  # no node has 6 GPUs
+    run.settle()
+    assert run.evicted() == []
+    assert run.reason("wide") == "never-fits"
+
+
+def test_reclaim_respects_minimum_runtime() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=2).project("a", deserved=1).project("b", deserved=1)
+    c.submit("b0", "b", gpus=1, min_runtime=600).submit("b1", "b", gpus=1, min_runtime=600)
+    run = Run(c.snapshot()).settle()
+    run.submit(c, "a0", "a", gpus=1)
+    run.cycle()
+    assert run.evicted() == []
+    run.advance(600)
+    run.settle()
+    assert "a0" in run.running() and len(run.evicted()) == 1
+
+
+def test_department_over_its_fair_share_gives_back_to_the_other_department() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=8)
+    c.department("d1", deserved=4).department("d2", deserved=4)
+    c.project("p1", department="d1", deserved=4).project("p2", department="d2", deserved=4)
+    for i in range(8):
+        c.submit(f"p1-{i}", "p1", gpus=1)
+    run = Run(c.snapshot()).settle()
+    for i in range(4):
+        run.submit(c, f"p2-{i}", "p2", gpus=1)
+    run.settle()
+    assert run.used_gpus("p1") == 4 and run.used_gpus("p2") == 4
