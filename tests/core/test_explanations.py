@@ -1,6 +1,6 @@
 """Every pending workload carries a reason code and a sentence a user can act on."""
 
-from gpupool.core import PendingCode, SchedulerConfig, schedule
+from gpupool.core import PendingCode, schedule
 from tests.core.builders import Cluster, Run
 
 
