@@ -20,8 +20,10 @@ class SchedulerConfig:
     mix_coverage_pct: int = 95
     """When derived, the most popular shapes that together cover this share of workloads."""
     seed: int = 0
-    max_preemption_attempts: int = 200
+    max_preemption_attempts: int = 100
     """Per action and cycle: bounds the cost of a cycle when much work waits on a full cluster."""
+    victim_search_nodes: int = 8
+    """Nodes on which a victim set is worked out per member before the cheapest is taken."""
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.actions if a not in ALL_ACTIONS]

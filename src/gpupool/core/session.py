@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from gpupool.core import fairshare
 from gpupool.core.config import SchedulerConfig
 from gpupool.core.decision import Bind, Pending, PendingCode, QueueShare
 from gpupool.core.model import MILLI, Request, Snapshot, State
 from gpupool.core.placement import fgd as _fgd  # noqa: F401  (registers the fgd and gpupool policies)
+from gpupool.core.placement.index import IntArray
 from gpupool.core.placement.placer import Placer
 from gpupool.core.placement.policies import PolicyContext, TypicalMix, make_policy
 from gpupool.core.state import NodeState, WorkingState, WorkloadState, build_tree
@@ -23,10 +27,29 @@ class Session:
     fair: list[list[int]]
     """Queue index -> pool index -> fair share in milli-GPU."""
     demand: list[list[int]]
+    deserved: list[list[int]]
+    """Queue index -> pool index -> deserved quota in milli-GPU."""
     pending: dict[int, Pending] = field(default_factory=dict)
     """Workload index -> why it is still pending (the latest action's word)."""
     unknown: list[Pending] = field(default_factory=list)
     stats: Counter[str] = field(default_factory=Counter)
+    _hosts: dict[int, IntArray] | None = None
+
+    def hosts(self, queues: Iterable[int]) -> IntArray:
+        """Nodes hosting work that was running at the start of the cycle in any of `queues`, ascending."""
+        if self._hosts is None:
+            by_queue: dict[int, set[int]] = {}
+            for ws in self.state.workloads:
+                if ws.state is State.RUNNING:
+                    for p in ws.placements:
+                        node = self.state.node_by_name.get(p.node)
+                        if node is not None:
+                            by_queue.setdefault(ws.queue, set()).add(node.idx)
+            self._hosts = {q: np.array(sorted(s), dtype=np.int64) for q, s in by_queue.items()}
+        parts = [self._hosts[q] for q in queues if q in self._hosts]
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
 
     def waiting(self) -> list[WorkloadState]:
         """Pending workloads not yet placed or pipelined this cycle, in workload order."""
@@ -90,7 +113,8 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig) -> Session:
         max_gpus=max((len(n.devices) for n in nodes), default=1),
     )
     placer = Placer(state, make_policy(config.policy, ctx))
-    return Session(state, placer, config, fair, demand, unknown=unknown)
+    deserved = [[q.quota(p).deserved for p in pools] for q in tree.queues]
+    return Session(state, placer, config, fair, demand, deserved, unknown=unknown)
 
 
 def _fair_shares(state: WorkingState) -> tuple[list[list[int]], list[list[int]]]:

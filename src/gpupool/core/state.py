@@ -49,6 +49,11 @@ class DeviceState:
 
 class NodeState:
     __slots__ = (
+        "_by_index",
+        "_ranked",
+        "_ranked_version",
+        "_summary",
+        "_summary_version",
         "cpu",
         "devices",
         "idx",
@@ -61,6 +66,7 @@ class NodeState:
         "rel_memory",
         "residents",
         "schedulable",
+        "signature",
         "used_cpu",
         "used_memory",
         "version",
@@ -75,6 +81,7 @@ class NodeState:
         self.memory = node.memory_mib
         ordered = sorted(node.devices, key=lambda d: d.index)
         self.devices = [DeviceState(d.index, d.model, d.memory_mib) for d in ordered]
+        self._by_index = {d.index: d for d in self.devices}
         self.models = frozenset(d.model for d in node.devices)
         self.schedulable = node.schedulable
         self.used_cpu = 0
@@ -83,14 +90,49 @@ class NodeState:
         self.rel_memory = 0
         self.version = 0
         """Bumped on every change, so scorers may cache per node state."""
+        self.signature = -1
+        """Equal for nodes in identical states (kept by the placement index); -1 until indexed."""
         self.residents: dict[int, int] = {}
         """Workload index -> members of it placed here (running or pipelined, not releasing)."""
+        self._summary: tuple[int, int, int, int] = (0, 0, 0, 0)
+        self._summary_version = -1
+        self._ranked: list[int] = []
+        self._ranked_version = -1
 
     def device(self, index: int) -> DeviceState:
-        for d in self.devices:
-            if d.index == index:
-                return d
-        raise KeyError(f"node {self.name} has no device {index}")
+        return self._by_index[index]
+
+    def summary(self) -> tuple[int, int, int, int]:
+        """(whole GPUs free now, whole GPUs free once releasing work is gone, largest share free now, and then).
+
+        Cached per version: placement scans use it to skip nodes that cannot host a request at all.
+        """
+        if self._summary_version != self.version:
+            whole_now = whole_later = share_now = share_later = 0
+            for d in self.devices:
+                if d.used == 0:
+                    whole_later += 1
+                    if d.rel == 0:
+                        whole_now += 1
+                if not d.whole:
+                    later = MILLI - d.used
+                    share_later = max(share_later, later)
+                    if not d.rel_whole:
+                        share_now = max(share_now, later - d.rel)
+            self._summary = (whole_now, whole_later, share_now, share_later)
+            self._summary_version = self.version
+        return self._summary
+
+    def shared_devices(self) -> int:
+        """Devices holding fractional work only (they could be freed whole by evicting their sharers)."""
+        return sum(1 for d in self.devices if not d.whole and d.used > 0)
+
+    def ranked_residents(self, key: Callable[[int], tuple[int, float, str]]) -> list[int]:
+        """Resident workload indices in `key` order, cached per version (victim search asks often)."""
+        if self._ranked_version != self.version:
+            self._ranked = sorted(self.residents, key=key)
+            self._ranked_version = self.version
+        return self._ranked
 
     def fits_host(self, req: Request, pipelined: bool) -> bool:
         if pipelined:
@@ -101,7 +143,20 @@ class NodeState:
         )
 
     def free_whole(self, pipelined: bool) -> int:
-        return sum(1 for d in self.devices if d.whole_free(pipelined))
+        return self.summary()[1 if pipelined else 0]
+
+    def could_host(self, req: Request, pipelined: bool) -> bool:
+        """Cheap necessary condition on GPUs (devices of any model) and host resources."""
+        if not self.fits_host(req, pipelined):
+            return False
+        s = self.summary()
+        if req.gpus:
+            return s[1 if pipelined else 0] >= req.gpus
+        if req.gpu_milli:
+            return s[3 if pipelined else 2] >= req.gpu_milli
+        if req.gpu_memory_mib:
+            return s[3 if pipelined else 2] > 0
+        return True
 
     def gpu_milli_free(self) -> int:
         return sum(d.free_milli() for d in self.devices)
@@ -179,6 +234,10 @@ class WorkingState:
     np_used: list[list[int]]
     """The non-preemptible part of `used`."""
     evictions: list[Eviction] = field(default_factory=list)
+    dirty: set[int] = field(default_factory=set)
+    """Nodes changed since the placement index last looked."""
+    generation: int = 0
+    """Bumped by every eviction and its undo: quota-derived caches key on it."""
     _journal: list[Callable[[], None]] = field(default_factory=list)
 
     # -- transactions ------------------------------------------------------------------------------
@@ -251,8 +310,10 @@ class WorkingState:
         self._charge(ws, -1)
         ws.state = State.RELEASING
         self.evictions.append(eviction)
+        self.generation += 1
 
         def undo() -> None:
+            self.generation += 1
             self.evictions.pop()
             ws.state = State.RUNNING
             self._charge(ws, +1)
@@ -274,11 +335,12 @@ class WorkingState:
             if nonpreemptible:
                 self.np_used[q][ws.pool_idx] += amount
 
-    @staticmethod
-    def _occupy(node: NodeState, ws: WorkloadState, p: Placement, sign: int, release: bool) -> None:
+    def _occupy(self, node: NodeState, ws: WorkloadState, p: Placement, sign: int, release: bool) -> None:
         req = ws.w.request
         whole = req.gpus > 0
         node.version += 1
+        node.signature = -1
+        self.dirty.add(node.idx)
         if release:
             node.rel_cpu += sign * req.cpu_milli
             node.rel_memory += sign * req.memory_mib

@@ -37,7 +37,7 @@ def try_allocate(session: Session, ws: WorkloadState, failed: set[tuple[object, 
         return False
     nominal = w.request.nominal_milli() * w.gang_size
     verdicts = [quota.check(state, ws.queue, p, nominal, w.preemptible) for p in range(len(state.pools))]
-    candidate_pools = {n.pool_idx for g in placer.groups(ws) for n in g}
+    candidate_pools = placer.candidate_pools(ws)
     if all(verdicts[p] is not None for p in candidate_pools):
         first = verdicts[min(candidate_pools, key=lambda p: _preference(ws, state.pools[p]))]
         assert first is not None

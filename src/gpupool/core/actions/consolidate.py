@@ -77,10 +77,11 @@ def _move_off(session: Session, node: NodeState, movable: list[WorkloadState], w
     target = Placement(0, node.name, found[0])
     state.hold(ws, target)
     for v in evicted:
-        others = [[n for n in g if n is not node] for g in session.placer.groups(v)]
         spot = None
-        for group in others:
-            spot = session.placer.place_in(v, group, pipelined=False) if group else None
+        for group in session.placer.pools_of(v):
+            rows = session.placer.rows(group, lambda p: True)
+            others = rows[rows != node.idx] if rows is not None else None
+            spot = session.placer.place_in(v, others, pipelined=False) if others is not None and len(others) else None
             if spot is not None:
                 break
         if spot is None:

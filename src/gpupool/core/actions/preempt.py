@@ -34,7 +34,7 @@ def preempt(session: Session) -> None:
         attempts += 1
         eligible, valid = _rules(session, ws)
         message = f"preempted by {ws.w.id}, a higher-priority workload of project {ws.w.project}"
-        evicted = place_with_evictions(session, ws, eligible, valid, EvictReason.PREEMPT, message)
+        evicted = place_with_evictions(session, ws, [ws.queue], eligible, valid, EvictReason.PREEMPT, message)
         if evicted is None:
             failed.add(key)
             continue

@@ -23,7 +23,7 @@ def reclaim(session: Session) -> None:
     state = session.state
     failed: set[tuple[object, ...]] = set()
     attempts = 0
-    deserved = _deserved(session)
+    deserved = session.deserved
     waiting = [ws for ws in session.waiting() if _retryable(session, ws)]
     for ws in FairOrder(session, waiting):
         if attempts >= session.config.max_preemption_attempts:
@@ -38,9 +38,9 @@ def reclaim(session: Session) -> None:
             continue
         attempts += 1
         by_quota = {p: _within(session, chain, p, nominal, deserved) for p in entitled}
-        eligible, valid = _rules(session, ws, by_quota)
+        victim_queues, eligible, valid = _rules(session, ws, by_quota)
         message = f"reclaimed for {ws.w.id} of project {ws.w.project}, which is below its fair share"
-        evicted = place_with_evictions(session, ws, eligible, valid, EvictReason.RECLAIM, message)
+        evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
         if evicted is None:
             failed.add(key)
             continue
@@ -55,12 +55,7 @@ def _retryable(session: Session, ws: WorkloadState) -> bool:
 
 
 def _pools(session: Session, ws: WorkloadState) -> list[int]:
-    return sorted({n.pool_idx for g in session.placer.groups(ws) for n in g})
-
-
-def _deserved(session: Session) -> list[list[int]]:
-    state = session.state
-    return [[q.quota(p).deserved for p in state.pools] for q in state.tree.queues]
+    return session.placer.candidate_pools(ws)
 
 
 def _within(session: Session, chain: tuple[int, ...], p: int, nominal: int, bound: list[list[int]]) -> bool:
@@ -69,33 +64,51 @@ def _within(session: Session, chain: tuple[int, ...], p: int, nominal: int, boun
 
 def _rules(
     session: Session, ws: WorkloadState, by_quota: dict[int, bool]
-) -> tuple[Callable[[WorkloadState], bool], Callable[[], bool]]:
-    """Victims: preemptible work of other projects, in pools where the reclaimer is entitled.
+) -> tuple[list[int], Callable[[WorkloadState], bool], Callable[[], bool]]:
+    """Victim queues, the victim test and the final check of one reclaim attempt.
 
-    Every queue that loses work (up to the common ancestor) stays at or above its deserved quota and
-    was above its fair share, unless the reclaimer is within its own deserved quota (quota reclaim).
-    The reclaimer and its ancestors end no higher than their fair share.
+    Victims: preemptible work of other projects, in pools where the reclaimer is entitled. Every queue
+    that loses work (up to the common ancestor) stays at or above its deserved quota and was above its
+    fair share, unless the reclaimer is within its own deserved quota (quota reclaim). The reclaimer and
+    its ancestors end no higher than their fair share.
     """
-    state = session.state
-    chain = state.tree.chain[ws.queue]
+    state, tree = session.state, session.state.tree
+    chain = tree.chain[ws.queue]
     shared = set(chain)
     before = [list(state.used[q]) for q in chain]
+    cache: dict[tuple[int, int], int] = {}
+    seen = [state.generation]
+
+    def headroom(queue: int, p: int) -> int:
+        """How much GPU this queue may lose in pool p (negative: none)."""
+        if seen[0] != state.generation:
+            cache.clear()
+            seen[0] = state.generation
+        key = (queue, p)
+        room = cache.get(key)
+        if room is None:
+            room = 1 << 62
+            for q in tree.chain[queue]:
+                if q in shared:
+                    continue
+                used = state.used[q][p]
+                if not (used > session.fair[q][p] or by_quota[p]):
+                    room = -1
+                    break
+                room = min(room, used - session.deserved[q][p])
+            cache[key] = room
+        return room
+
+    victim_queues = [
+        q for q in range(len(tree.queues))
+        if q != ws.queue and not tree.children[q] and any(headroom(q, p) > 0 for p in by_quota)
+    ]
 
     def eligible(v: WorkloadState) -> bool:
         p = v.pool_idx
         if v.queue == ws.queue or not v.w.preemptible or p not in by_quota:
             return False
-        if not past_min_runtime(v, state.now):
-            return False
-        for q in state.tree.chain[v.queue]:
-            if q in shared:
-                continue
-            used = state.used[q][p]
-            if used - v.milli < state.tree.queues[q].quota(state.pools[p]).deserved:
-                return False
-            if not (used > session.fair[q][p] or by_quota[p]):
-                return False
-        return True
+        return v.milli <= headroom(v.queue, p) and past_min_runtime(v, state.now)
 
     def valid() -> bool:
         p = ws.pool_idx
@@ -105,4 +118,4 @@ def _rules(
                 return False
         return True
 
-    return eligible, valid
+    return victim_queues, eligible, valid

@@ -12,7 +12,6 @@ from gpupool.core.placement.policies import Policy, PolicyContext, register
 from gpupool.core.state import NodeState
 
 Shape = tuple[int, int, int, int, int]
-_Key = tuple[Shape, bool, frozenset[str]]
 _Found = tuple[tuple[DeviceShare, ...] | None, float]
 
 
@@ -48,7 +47,8 @@ class FgdPolicy(Policy):
         total = sum(w for _, w in ctx.mix) or 1
         self._mix = ctx.mix
         self._total_weight = total
-        self._cache: dict[int, tuple[int, dict[_Key, _Found]]] = {}
+        self._cache: dict[tuple[int, Request, bool, frozenset[str]], _Found] = {}
+        """By node signature: nodes in identical states share their evaluations."""
 
     def node_fragment(self, free: list[int], cpu_free: int, mem_free: int, mem_per_device: int) -> float:
         frag = 0
@@ -56,25 +56,16 @@ class FgdPolicy(Policy):
             frag += w * typical_fragment(free, cpu_free, mem_free, mem_per_device, t)
         return frag / self._total_weight
 
-    def _evaluate(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
-    ) -> tuple[tuple[DeviceShare, ...] | None, float]:
-        entry = self._cache.get(node.idx)
-        key = (shape_of(req), pipelined, models)
-        if entry is not None and entry[0] == node.version:
-            hit = entry[1].get(key)
-            if hit is not None:
-                return hit
-        else:
-            entry = (node.version, {})
-            self._cache[node.idx] = entry
-        result = self._compute(node, req, pipelined, models)
-        entry[1][key] = result
-        return result
+    def _evaluate(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
+        if node.signature < 0:
+            return self._compute(node, req, pipelined, models)
+        key = (node.signature, req, pipelined, models)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = self._compute(node, req, pipelined, models)
+        return found
 
-    def _compute(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
-    ) -> tuple[tuple[DeviceShare, ...] | None, float]:
+    def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
         free = [d.free_milli() for d in node.devices]
         cpu_free = node.cpu - node.used_cpu - node.rel_cpu
         mem_free = node.memory - node.used_memory - node.rel_memory
@@ -117,15 +108,12 @@ class GpupoolPolicy(FgdPolicy):
 
     name = "gpupool"
 
-    def evaluate(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
-    ) -> tuple[tuple[DeviceShare, ...], float] | None:
-        found = super().evaluate(node, req, pipelined, models)
-        if found is None:
-            return None
+    def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
+        shares, value = super()._compute(node, req, pipelined, models)
+        if shares is None:
+            return shares, value
         total = len(node.devices) * MILLI or 1
-        fullness = 1.0 - node.gpu_milli_free() / total
-        return found[0], found[1] + 0.001 * fullness
+        return shares, value + 0.001 * (1.0 - node.gpu_milli_free() / total)
 
 
 def _position(node: NodeState, index: int) -> int:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpupool.core.model import Placement, Request
+import numpy as np
+
+from gpupool.core.model import DeviceShare, Placement, Request
 from gpupool.core.placement.devices import could_ever_fit
+from gpupool.core.placement.index import IntArray, NodeIndex
 from gpupool.core.placement.policies import Policy
 from gpupool.core.state import NodeState, WorkingState, WorkloadState
 
@@ -16,6 +19,8 @@ class Placer:
         self.policy = policy
         self._groups: dict[tuple[tuple[str, ...], tuple[str, ...], bool], list[list[NodeState]]] = {}
         self._ever: dict[tuple[object, ...], bool] = {}
+        self._split: dict[tuple[tuple[str, ...], tuple[str, ...], bool], list[list[tuple[int, IntArray]]]] = {}
+        self.index = NodeIndex(state.nodes, state.dirty)
 
     def groups(self, ws: WorkloadState) -> list[list[NodeState]]:
         """Candidate node groups in order of preference; a gang never spans two pools."""
@@ -56,42 +61,79 @@ class Placer:
             self._ever[key] = found
         return found
 
+    def pools_of(self, ws: WorkloadState) -> list[list[tuple[int, IntArray]]]:
+        """The groups of `groups()`, each split by pool: (pool index, its node rows in ascending order)."""
+        w = ws.w
+        key = (w.pools, w.gpu_models, w.gang_size > 1)
+        found = self._split.get(key)
+        if found is None:
+            found = []
+            for group in self.groups(ws):
+                by_pool: dict[int, list[int]] = {}
+                for n in group:
+                    by_pool.setdefault(n.pool_idx, []).append(n.idx)
+                found.append([(p, np.array(sorted(rows), dtype=np.int64)) for p, rows in sorted(by_pool.items())])
+            self._split[key] = found
+        return found
+
+    def candidate_pools(self, ws: WorkloadState) -> list[int]:
+        return sorted({p for group in self.pools_of(ws) for p, _ in group})
+
+    def rows(self, group: list[tuple[int, IntArray]], pool_ok: Callable[[int], bool]) -> IntArray | None:
+        parts = [rows for p, rows in group if pool_ok(p)]
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
+
     def place(
         self, ws: WorkloadState, pipelined: bool, pool_ok: Callable[[int], bool]
     ) -> tuple[Placement, ...] | None:
-        for group in self.groups(ws):
-            nodes = [n for n in group if pool_ok(n.pool_idx)] if len(self.state.pools) > 1 else group
-            if not nodes:
+        for group in self.pools_of(ws):
+            rows = self.rows(group, pool_ok)
+            if rows is None:
                 continue
-            placements = self.place_in(ws, nodes, pipelined)
+            placements = self.place_in(ws, rows, pipelined)
             if placements is not None:
                 return placements
         return None
 
-    def place_in(self, ws: WorkloadState, nodes: list[NodeState], pipelined: bool) -> tuple[Placement, ...] | None:
+    def fitting(self, rows: IntArray, req: Request, pipelined: bool, distinct: bool) -> list[NodeState]:
+        """Nodes among `rows` with room for one member; one per signature if `distinct` and the policy allows."""
+        fit = self.index.fitting(rows, req, pipelined)
+        if distinct and self.policy.state_only and len(fit) > 1:
+            fit = self.index.distinct(fit)
+        nodes = self.state.nodes
+        return [nodes[i] for i in fit.tolist()]
+
+    def place_in(self, ws: WorkloadState, rows: IntArray, pipelined: bool) -> tuple[Placement, ...] | None:
         w = ws.w
         req = w.request
+        if w.gang_size > 1:
+            return self._place_gang(ws, rows, pipelined, frozenset(w.gpu_models))
         models = frozenset(w.gpu_models)
+        best = self.best_node(self.fitting(rows, req, pipelined, distinct=True), req, pipelined, models)
+        if best is None:
+            return None
+        return (Placement(0, best[0].name, best[1]),)
+
+    def best_node(
+        self, nodes: list[NodeState], req: Request, pipelined: bool, models: frozenset[str]
+    ) -> tuple[NodeState, tuple[DeviceShare, ...]] | None:
+        """The highest-scoring node for one member, ties to the lowest index."""
         evaluate = self.policy.evaluate
-        if w.gang_size == 1:
-            best_key: tuple[float, int] | None = None
-            best: tuple[NodeState, tuple] | None = None  # type: ignore[type-arg]
-            for node in nodes:
-                if not node.schedulable or not node.fits_host(req, pipelined):
-                    continue
-                found = evaluate(node, req, pipelined, models)
-                if found is None:
-                    continue
-                key = (found[1], -node.idx)
-                if best_key is None or key > best_key:
-                    best_key, best = key, (node, found[0])
-            if best is None:
-                return None
-            return (Placement(0, best[0].name, best[1]),)
-        return self._place_gang(ws, nodes, pipelined, models)
+        best_key: tuple[float, int] | None = None
+        best: tuple[NodeState, tuple[DeviceShare, ...]] | None = None
+        for node in nodes:
+            found = evaluate(node, req, pipelined, models)
+            if found is None:
+                continue
+            key = (found[1], -node.idx)
+            if best_key is None or key > best_key:
+                best_key, best = key, (node, found[0])
+        return best
 
     def _place_gang(
-        self, ws: WorkloadState, nodes: list[NodeState], pipelined: bool, models: frozenset[str]
+        self, ws: WorkloadState, rows: IntArray, pipelined: bool, models: frozenset[str]
     ) -> tuple[Placement, ...] | None:
         req = ws.w.request
         state = self.state
@@ -104,9 +146,7 @@ class Placer:
                 best_key: tuple[bool, int, float, int] | None = None
                 best: Placement | None = None
                 best_node: NodeState | None = None
-                for node in nodes:
-                    if not node.schedulable or not node.fits_host(req, pipelined):
-                        continue
+                for node in self.fitting(rows, req, pipelined, distinct=False):
                     found = self.policy.evaluate(node, req, pipelined, models)
                     if found is None:
                         continue

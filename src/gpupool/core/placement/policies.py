@@ -30,6 +30,8 @@ class Policy:
     """Packing for whole GPUs, best-fit device for shares. Subclasses override what they change."""
 
     name = "base"
+    state_only = True
+    """Scores depend on the node's state alone, so nodes in identical states need scoring only once."""
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
@@ -68,6 +70,7 @@ class Policy:
 
 class RandomPolicy(Policy):
     name = "random"
+    state_only = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)

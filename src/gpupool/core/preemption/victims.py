@@ -8,11 +8,15 @@ the caller's final check passes: a preemptor never evicts anything it cannot the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
 
 from gpupool.core import quota
 from gpupool.core.decision import Eviction, EvictReason
-from gpupool.core.model import Placement, Request, State
+from gpupool.core.model import MILLI, Placement, Request, State
+from gpupool.core.placement.index import IntArray
 from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkingState, WorkloadState
 
@@ -31,17 +35,29 @@ def past_min_runtime(v: WorkloadState, now: float) -> bool:
 def place_with_evictions(
     session: Session,
     ws: WorkloadState,
+    victim_queues: Iterable[int],
     eligible: Eligible,
     valid: Callable[[], bool],
     reason: EvictReason,
     message: str,
 ) -> int | None:
-    """Evict and pipeline `ws` if some victim set lets it start; returns how many were evicted."""
+    """Evict and pipeline `ws` if some victim set lets it start; returns how many were evicted.
+
+    Victims come from `victim_queues` only (and must pass `eligible`), so only the nodes hosting their
+    work are searched.
+    """
     state = session.state
-    for group in session.placer.groups(ws):
+    hosts = session.hosts(victim_queues)
+    if not len(hosts):
+        return None
+    for group in session.placer.pools_of(ws):
+        rows = session.placer.rows(group, lambda p: True)
+        if rows is None:
+            continue
         checkpoint = state.checkpoint()
         evicted_before = len(state.evictions)
-        placements = _place_members(session, ws, group, eligible, reason, message)
+        search = Search(rows, np.intersect1d(rows, hosts, assume_unique=True), eligible, reason, message)
+        placements = _place_members(session, ws, search)
         if placements is not None:
             state.place(ws, placements, pipelined=True)
             if quota.check(state, ws.queue, ws.pool_idx, 0, ws.w.preemptible) is None and valid():
@@ -50,42 +66,28 @@ def place_with_evictions(
     return None
 
 
-def _place_members(
-    session: Session, ws: WorkloadState, nodes: list[NodeState], eligible: Eligible, reason: EvictReason, message: str
-) -> tuple[Placement, ...] | None:
+@dataclass(frozen=True)
+class Search:
+    rows: IntArray
+    """Nodes the workload may use."""
+    hosts: IntArray
+    """Those of them hosting work of the victim queues."""
+    eligible: Eligible
+    reason: EvictReason
+    message: str
+
+
+def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple[Placement, ...] | None:
     state = session.state
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
-    need = req.nominal_milli()
     placements: list[Placement] = []
     used_nodes: set[int] = set()
     for member in range(ws.w.gang_size):
-        best: tuple[tuple[object, ...], NodeState, list[WorkloadState]] | None = None
-        for node in nodes:
-            if not node.schedulable:
-                continue
-            found = _fits(session, node, req, models)
-            if found is not None:
-                key: tuple[object, ...] = (0, 0, 0, 0, node.idx not in used_nodes, -found[1], node.idx)
-                victims: list[WorkloadState] = []
-            else:
-                candidates = _candidates(state, node, eligible)
-                if not candidates or not _enough(node, candidates, need):
-                    continue
-                chosen = _victims_on(session, node, candidates, eligible, req, models)
-                if chosen is None:
-                    continue
-                key = (
-                    1, max(v.w.priority for v in chosen), len(chosen), sum(v.milli for v in chosen),
-                    node.idx not in used_nodes, 0.0, node.idx,
-                )
-                victims = chosen
-            if best is None or key < best[0]:
-                best = (key, node, victims)
-        if best is None:
+        node = _plain_fit(session, search.rows, req, models, used_nodes, distinct=ws.w.gang_size == 1)
+        if node is None:
+            node = _evict_for(session, ws, search, used_nodes)
+        if node is None:
             return None
-        _, node, victims = best
-        for v in victims:
-            state.evict(v, Eviction(v.w.id, reason, message, preemptor=ws.w.id))
         found = _fits(session, node, req, models)
         assert found is not None
         p = Placement(member, node.name, found[0])
@@ -97,62 +99,141 @@ def _place_members(
     return tuple(placements)
 
 
+def _evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: set[int]) -> NodeState | None:
+    """Evict the cheapest victim set that makes room for one member, on the node where it is cheapest."""
+    state = session.state
+    req, models = ws.w.request, frozenset(ws.w.gpu_models)
+    eligible = search.eligible
+    options: list[tuple[tuple[int, int, int, bool, int], NodeState, list[WorkloadState]]] = []
+    for i in search.hosts.tolist():
+        node = state.nodes[i]
+        if not node.schedulable:
+            continue
+        candidates = _candidates(state, node, eligible)
+        if not candidates or not _may_free_enough(node, candidates, req):
+            continue
+        chosen = victims_on(node, candidates, req, models)
+        if chosen is None:
+            continue
+        key = (
+            max(v.w.priority for v in chosen), len(chosen), sum(v.milli for v in chosen),
+            node.idx not in used_nodes, node.idx,
+        )
+        options.append((key, node, chosen))
+        if len(options) >= session.config.victim_search_nodes:
+            break  # bounded search: cheap sets turn up on the first candidate nodes in practice
+    options.sort(key=lambda o: o[0])
+    for _, node, chosen in options:
+        checkpoint = state.checkpoint()
+        for v in chosen:
+            if v.state is not State.RUNNING or not eligible(v):
+                break  # an earlier victim (its project's floor, a gang already taken) rules this one out now
+            state.evict(v, Eviction(v.w.id, search.reason, search.message, preemptor=ws.w.id))
+        else:
+            if _fits(session, node, req, models) is not None:
+                return node
+        state.rollback(checkpoint)
+    return None
+
+
+def _plain_fit(
+    session: Session, rows: IntArray, req: Request, models: frozenset[str], used_nodes: set[int], distinct: bool
+) -> NodeState | None:
+    """The best node that takes the member without evictions (counting releasing capacity as free)."""
+    best: NodeState | None = None
+    best_key: tuple[bool, float, int] | None = None
+    for node in session.placer.fitting(rows, req, True, distinct):
+        found = session.placer.policy.evaluate(node, req, True, models)
+        if found is None:
+            continue
+        key = (node.idx in used_nodes, found[1], -node.idx)
+        if best_key is None or key > best_key:
+            best, best_key = node, key
+    return best
+
+
 def _fits(session: Session, node: NodeState, req: Request, models: frozenset[str]) -> tuple[tuple, float] | None:  # type: ignore[type-arg]
-    if not node.fits_host(req, True):
+    if not node.could_host(req, True):
         return None
     return session.placer.policy.evaluate(node, req, True, models)
 
 
 def _candidates(state: WorkingState, node: NodeState, eligible: Eligible) -> list[WorkloadState]:
     out = []
-    for idx in node.residents:
+    for idx in node.ranked_residents(lambda i: victim_key(state.workloads[i])):
         v = state.workloads[idx]
         if v.state is State.RUNNING and not v.bound and eligible(v):
             out.append(v)
-    out.sort(key=victim_key)
     return out
 
 
-def _enough(node: NodeState, candidates: list[WorkloadState], need: int) -> bool:
-    """A cheap necessary condition: free GPU plus what the candidates hold here covers the request."""
-    free = sum(1000 - d.used for d in node.devices if not d.whole)
-    for v in candidates:
+def _may_free_enough(node: NodeState, candidates: list[WorkloadState], req: Request) -> bool:
+    """A cheap upper bound for whole-GPU requests: free devices, plus what candidates hold, plus shared ones."""
+    if not req.gpus:
+        return True
+    whole_later, shared = node.summary()[1], node.shared_devices()
+    held = sum(v.w.request.gpus * node.residents.get(v.idx, 0) for v in candidates)
+    return whole_later + held + shared >= req.gpus
+
+
+class _NodeModel:
+    """Just enough of a node to ask 'does the member fit if these workloads leave?' without the journal."""
+
+    __slots__ = ("cpu", "devices", "memory", "node", "req")
+
+    def __init__(self, node: NodeState, req: Request, models: frozenset[str]) -> None:
+        self.node, self.req = node, req
+        self.cpu, self.memory = node.used_cpu, node.used_memory
+        self.devices = {
+            d.index: [d.used, d.used_mem, d.whole, d.memory] for d in node.devices if not models or d.model in models
+        }
+
+    def remove(self, v: WorkloadState, sign: int = 1) -> None:
         for p in v.placements:
-            if p.node == node.name:
-                free += sum(s.milli for s in p.devices)
-    return free >= need
+            if p.node != self.node.name:
+                continue
+            self.cpu -= sign * v.w.request.cpu_milli
+            self.memory -= sign * v.w.request.memory_mib
+            for s in p.devices:
+                d = self.devices.get(s.index)
+                if d is not None:
+                    d[0] -= sign * s.milli
+                    d[1] -= sign * s.memory_mib
+                    if v.w.request.gpus:
+                        d[2] = sign < 0
+
+    def fits(self) -> bool:
+        req, node = self.req, self.node
+        if self.cpu + req.cpu_milli > node.cpu or self.memory + req.memory_mib > node.memory:
+            return False
+        if req.gpus:
+            return sum(1 for d in self.devices.values() if d[0] == 0) >= req.gpus
+        if req.gpu_milli or req.gpu_memory_mib:
+            for used, used_mem, whole, memory in self.devices.values():
+                milli, mem = req.share_on(memory)
+                if not whole and used + milli <= MILLI and used_mem + mem <= memory:
+                    return True
+            return False
+        return True
 
 
-def _victims_on(
-    session: Session,
-    node: NodeState,
-    candidates: list[WorkloadState],
-    eligible: Eligible,
-    req: Request,
-    models: frozenset[str],
+def victims_on(
+    node: NodeState, candidates: list[WorkloadState], req: Request, models: frozenset[str]
 ) -> list[WorkloadState] | None:
-    state = session.state
-    base = state.checkpoint()
+    """Cheapest-first victims on `node` until the member fits, then minimised; None if even all do not do."""
+    model = _NodeModel(node, req, models)
     chosen: list[WorkloadState] = []
-    dummy = Eviction("", EvictReason.PREEMPT, "")
-    fitted = False
     for v in candidates:
-        if v.state is not State.RUNNING or not eligible(v):
-            continue  # an earlier victim (a gang seen twice, or its project's floor) rules it out now
-        state.evict(v, dummy)
+        model.remove(v)
         chosen.append(v)
-        if _fits(session, node, req, models) is not None:
-            fitted = True
+        if model.fits():
             break
-    state.rollback(base)
-    if not fitted:
+    else:
         return None
     for v in list(reversed(chosen)):
-        trial = [c for c in chosen if c is not v]
-        for c in trial:
-            state.evict(c, dummy)
-        if _fits(session, node, req, models) is not None:
-            chosen = trial
-        state.rollback(base)
+        model.remove(v, sign=-1)  # put it back: keep it only if the member still fits
+        if model.fits():
+            chosen.remove(v)
+        else:
+            model.remove(v)
     return chosen
-
