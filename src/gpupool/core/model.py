@@ -159,6 +159,8 @@ class Workload:
     state: State = State.PENDING
     placements: tuple[Placement, ...] = ()
     start_time: float | None = None
+    nominated_nodes: tuple[str, ...] = ()
+    """Where the last cycle said it would start once evictions finish: it gets first claim there."""
 
     def __post_init__(self) -> None:
         if self.gang_size < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
+from gpupool.core.decision import PendingCode
 from gpupool.core.session import Session
 from gpupool.core.state import WorkloadState
 
@@ -41,13 +42,18 @@ class FairOrder:
         self.blocked: dict[int, WorkloadState] = {}
         """Workloads held back by a strict-FIFO head, with that head."""
 
+    def _never(self, ws: WorkloadState) -> bool:
+        """A head that can never run (no node could ever host it) does not block a strict-FIFO queue."""
+        reason = self.session.pending.get(ws.idx)
+        return reason is not None and reason.code is PendingCode.NEVER_FITS
+
     def __iter__(self) -> Iterator[WorkloadState]:
         while self._heap:
             _, q = heapq.heappop(self._heap)
             lst = self._lists[q]
             ws = lst.pop()
             yield ws
-            if not ws.bound and self.session.state.tree.queues[q].strict_fifo:
+            if not ws.bound and not self._never(ws) and self.session.state.tree.queues[q].strict_fifo:
                 for rest in lst:
                     self.blocked[rest.idx] = ws
                 lst.clear()

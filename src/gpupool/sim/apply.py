@@ -1,7 +1,8 @@
 """Apply a decision to a snapshot the way a perfect cluster would, for tests and the simulator.
 
-Binds start at `now`; pipelined workloads keep waiting; evictions release at once (as if the grace
-period had passed) and the evicted workload is requeued as pending, keeping its submit time.
+Binds start at `now`; pipelined workloads keep waiting, remembering the nodes they were nominated to;
+evictions release at once (as if the grace period had passed) and the evicted workload is requeued as
+pending, keeping its submit time.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ def apply_decision(snapshot: Snapshot, decision: Decision, now: float | None = N
     at = snapshot.now if now is None else now
     binds = {b.workload: b for b in decision.binds}
     evicted = {e.workload for e in decision.evictions}
+    nominated = {p.workload: tuple(sorted({x.node for x in p.nominated})) for p in decision.pending}
     out: list[Workload] = []
     for w in snapshot.workloads:
         if w.id in evicted:
-            w = dataclasses.replace(w, state=State.PENDING, placements=(), start_time=None)
+            w = dataclasses.replace(w, state=State.PENDING, placements=(), start_time=None, nominated_nodes=())
         elif w.id in binds:
-            w = dataclasses.replace(w, state=State.RUNNING, placements=binds[w.id].placements, start_time=at)
+            w = dataclasses.replace(
+                w, state=State.RUNNING, placements=binds[w.id].placements, start_time=at, nominated_nodes=()
+            )
+        elif w.state is State.PENDING and w.nominated_nodes != nominated.get(w.id, ()):
+            w = dataclasses.replace(w, nominated_nodes=nominated.get(w.id, ()))
         out.append(w)
     return dataclasses.replace(snapshot, workloads=tuple(out), now=at)
 

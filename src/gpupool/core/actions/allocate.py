@@ -9,7 +9,7 @@ from __future__ import annotations
 from gpupool.core import explain, quota
 from gpupool.core.decision import Pending, PendingCode
 from gpupool.core.model import Placement
-from gpupool.core.ordering import FairOrder
+from gpupool.core.ordering import FairOrder, workload_key
 from gpupool.core.session import Session
 from gpupool.core.state import WorkloadState
 
@@ -18,6 +18,7 @@ def allocate(session: Session) -> None:
     state = session.state
     has_releasing = any(n.rel_cpu or n.rel_memory or any(d.rel for d in n.devices) for n in state.nodes)
     failed: set[tuple[object, ...]] = set()
+    _claim_nominations(session, has_releasing)
     order = FairOrder(session, session.waiting())
     for ws in order:
         try_allocate(session, ws, failed, has_releasing)
@@ -30,7 +31,13 @@ def allocate(session: Session) -> None:
         )
 
 
-def try_allocate(session: Session, ws: WorkloadState, failed: set[tuple[object, ...]], has_releasing: bool) -> bool:
+def try_allocate(
+    session: Session,
+    ws: WorkloadState,
+    failed: set[tuple[object, ...]],
+    has_releasing: bool,
+    only: set[int] | None = None,
+) -> bool:
     state, placer, w = session.state, session.placer, ws.w
     if not placer.ever_fits(ws):
         session.pending[ws.idx] = explain.never_fits(ws)
@@ -49,7 +56,7 @@ def try_allocate(session: Session, ws: WorkloadState, failed: set[tuple[object, 
             break
         if (shape, pipelined) in failed:
             continue
-        placements = placer.place(ws, pipelined, lambda p: verdicts[p] is None)
+        placements = placer.place(ws, pipelined, lambda p: verdicts[p] is None, only)
         if placements is None:
             failed.add((shape, pipelined))
             continue
@@ -66,6 +73,19 @@ def try_allocate(session: Session, ws: WorkloadState, failed: set[tuple[object, 
         return True
     session.pending[ws.idx] = explain.no_room(ws)
     return False
+
+
+def _claim_nominations(session: Session, has_releasing: bool) -> None:
+    """Workloads nominated last cycle (evictions were made for them) claim those nodes before anyone else.
+
+    Without this, capacity released for them could go to whoever the fair order reaches first.
+    """
+    state = session.state
+    nominated = [ws for ws in session.waiting() if ws.w.nominated_nodes]
+    for ws in sorted(nominated, key=workload_key):
+        only = {state.node_by_name[n].idx for n in ws.w.nominated_nodes if n in state.node_by_name}
+        if only:
+            try_allocate(session, ws, set(), has_releasing, only)
 
 
 def _exact_quota(session: Session, ws: WorkloadState, placements: tuple[Placement, ...]) -> Pending | None:

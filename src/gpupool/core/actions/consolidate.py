@@ -7,7 +7,9 @@ and the waiting workload is pipelined onto the node they leave.
 
 from __future__ import annotations
 
-from gpupool.core import explain
+from collections.abc import Callable
+
+from gpupool.core import explain, quota
 from gpupool.core.actions.reclaim import _retryable
 from gpupool.core.decision import Eviction, EvictReason
 from gpupool.core.model import Placement, State
@@ -32,8 +34,9 @@ def consolidate(session: Session) -> None:
 
 def _try(session: Session, ws: WorkloadState) -> int:
     state = session.state
-    for group in session.placer.groups(ws):
-        for node in group:
+    for group in session.placer.pools_of(ws):
+        rows = session.placer.rows(group, _quota_allows(session, ws))
+        for node in [] if rows is None else [state.nodes[i] for i in rows.tolist()]:
             if not node.schedulable:
                 continue
             movable = sorted(
@@ -52,6 +55,15 @@ def _try(session: Session, ws: WorkloadState) -> int:
                 return moved
             state.rollback(checkpoint)
     return 0
+
+
+def _quota_allows(session: Session, ws: WorkloadState) -> Callable[[int], bool]:
+    nominal = ws.w.request.nominal_milli() * ws.w.gang_size
+
+    def ok(pool: int) -> bool:
+        return quota.check(session.state, ws.queue, pool, nominal, ws.w.preemptible) is None
+
+    return ok
 
 
 def _movable(v: WorkloadState, now: float) -> bool:
@@ -79,7 +91,7 @@ def _move_off(session: Session, node: NodeState, movable: list[WorkloadState], w
     for v in evicted:
         spot = None
         for group in session.placer.pools_of(v):
-            rows = session.placer.rows(group, lambda p: True)
+            rows = session.placer.rows(group, _quota_allows(session, v))
             others = rows[rows != node.idx] if rows is not None else None
             spot = session.placer.place_in(v, others, pipelined=False) if others is not None and len(others) else None
             if spot is not None:

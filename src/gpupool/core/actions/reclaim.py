@@ -16,7 +16,8 @@ from gpupool.core.preemption.victims import past_min_runtime, place_with_evictio
 from gpupool.core.session import Session
 from gpupool.core.state import WorkloadState
 
-RETRYABLE = (PendingCode.NO_NODE_FITS, PendingCode.GANG_UNPLACEABLE, PendingCode.QUEUED_BEHIND)
+RETRYABLE = (PendingCode.NO_NODE_FITS, PendingCode.GANG_UNPLACEABLE)
+"""Reasons eviction can cure. Queued-behind (a strict-FIFO head waits) is not one: the head goes first."""
 
 
 def reclaim(session: Session) -> None:
@@ -30,6 +31,8 @@ def reclaim(session: Session) -> None:
             break
         chain = state.tree.chain[ws.queue]
         nominal = ws.w.request.nominal_milli() * ws.w.gang_size
+        if not nominal:
+            continue  # fair shares are in GPUs: they give CPU-only work no claim on anyone's GPUs
         entitled = [p for p in _pools(session, ws) if _within(session, chain, p, nominal, session.fair)]
         if not entitled:
             continue
@@ -106,7 +109,7 @@ def _rules(
 
     def eligible(v: WorkloadState) -> bool:
         p = v.pool_idx
-        if v.queue == ws.queue or not v.w.preemptible or p not in by_quota:
+        if v.queue == ws.queue or not v.w.preemptible or p not in by_quota or not v.milli:
             return False
         return v.milli <= headroom(v.queue, p) and past_min_runtime(v, state.now)
 

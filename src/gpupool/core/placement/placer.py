@@ -86,11 +86,14 @@ class Placer:
         return parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
 
     def place(
-        self, ws: WorkloadState, pipelined: bool, pool_ok: Callable[[int], bool]
+        self, ws: WorkloadState, pipelined: bool, pool_ok: Callable[[int], bool], only: set[int] | None = None
     ) -> tuple[Placement, ...] | None:
+        """Place every member in the first group that takes them all; `only` restricts the nodes."""
         for group in self.pools_of(ws):
             rows = self.rows(group, pool_ok)
-            if rows is None:
+            if rows is not None and only is not None:
+                rows = rows[np.isin(rows, sorted(only))]
+            if rows is None or not len(rows):
                 continue
             placements = self.place_in(ws, rows, pipelined)
             if placements is not None:

@@ -60,8 +60,10 @@ def place_with_evictions(
         placements = _place_members(session, ws, search)
         if placements is not None:
             state.place(ws, placements, pipelined=True)
-            if quota.check(state, ws.queue, ws.pool_idx, 0, ws.w.preemptible) is None and valid():
-                return len(state.evictions) - evicted_before
+            evicted = len(state.evictions) - evicted_before
+            # No evictions means allocate could have placed it and chose not to (strict FIFO, say): not ours.
+            if evicted and quota.check(state, ws.queue, ws.pool_idx, 0, ws.w.preemptible) is None and valid():
+                return evicted
         state.rollback(checkpoint)
     return None
 
