@@ -95,3 +95,15 @@ def test_department_over_its_fair_share_gives_back_to_the_other_department() -> 
         run.submit(c, f"p2-{i}", "p2", gpus=1)
     run.settle()
     assert run.used_gpus("p1") == 4 and run.used_gpus("p2") == 4
+
+
+def test_nothing_is_evicted_when_no_node_fits_even_after_evicting_every_candidate() -> None:
+    # Each node keeps 2 GPUs of non-preemptible work: freeing the rest leaves 2 per node, and a wants 3.
+    c = Cluster().pool("h100", nodes=2, gpus=4).project("a", deserved=4).project("b", deserved=4)
+    for n in (0, 1):
+        c.running(f"serve{n}", "b", f"h100-{n}", [0, 1], gpus=2, priority="production")
+        c.running(f"sweep{n}", "b", f"h100-{n}", [2, 3], gpus=2, priority="batch")
+    c.submit("a3", "a", gpus=3)
+    run = Run(c.snapshot()).settle()
+    assert run.evicted() == [] and "a3" in run.pending()
+    assert run.reason("a3") == "no-node-fits"

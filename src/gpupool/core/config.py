@@ -24,6 +24,8 @@ class SchedulerConfig:
     """Per action and cycle: bounds the cost of a cycle when much work waits on a full cluster."""
     victim_search_nodes: int = 8
     """Nodes on which a victim set is worked out per member before the cheapest is taken."""
+    victim_visit_nodes: int = 128
+    """Most nodes looked at for victims per member and attempt (a window that moves from cycle to cycle)."""
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.actions if a not in ALL_ACTIONS]

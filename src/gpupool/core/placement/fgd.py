@@ -104,7 +104,9 @@ class FgdPolicy(Policy):
 
 
 class GpupoolPolicy(FgdPolicy):
-    """The default: fragmentation gradient first, then packing onto fuller nodes to break near-ties."""
+    """The default. Whole GPUs pack: the node left with the fewest free whole GPUs wins, which keeps whole
+    GPUs free elsewhere, and the fragmentation gradient breaks ties. Fractions go where fragmentation grows
+    least, fuller nodes breaking near-ties."""
 
     name = "gpupool"
 
@@ -112,8 +114,15 @@ class GpupoolPolicy(FgdPolicy):
         shares, value = super()._compute(node, req, pipelined, models)
         if shares is None:
             return shares, value
+        if req.gpus:
+            left = node.free_whole(pipelined) - req.gpus
+            return shares, -float(left) * _WHOLE_GPU_WEIGHT + value
         total = len(node.devices) * MILLI or 1
         return shares, value + 0.001 * (1.0 - node.gpu_milli_free() / total)
+
+
+_WHOLE_GPU_WEIGHT = 1e6
+"""Larger than any fragmentation delta (milli-GPU of one node), so GPU packing decides first."""
 
 
 def _position(node: NodeState, index: int) -> int:

@@ -8,6 +8,7 @@ the caller's final check passes: a preemptor never evicts anything it cannot the
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -107,7 +108,14 @@ def _evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: 
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     eligible = search.eligible
     options: list[tuple[tuple[int, int, int, bool, int], NodeState, list[WorkloadState]]] = []
-    for i in search.hosts.tolist():
+    hosts = search.hosts.tolist()
+    visit = session.config.victim_visit_nodes
+    if len(hosts) > visit:
+        # Look at a window of the hosts, starting at a place that moves with the workload and the clock:
+        # bounded work per attempt on any cluster size, and over cycles every host gets its turn.
+        start = (zlib.crc32(ws.w.id.encode()) + int(state.now)) % len(hosts)
+        hosts = (hosts[start:] + hosts[:start])[:visit]
+    for i in hosts:
         node = state.nodes[i]
         if not node.schedulable:
             continue
