@@ -23,6 +23,7 @@ from gpupool.core.config import SchedulerConfig
 from gpupool.core.decision import Decision
 from gpupool.core.explain import explain_all
 from gpupool.core.model import Snapshot
+from gpupool.core.placement.memo import Memo
 from gpupool.core.session import Session, open_session
 
 Observer = Callable[[str, str], None]
@@ -37,11 +38,14 @@ ACTIONS: dict[str, Callable[[Session], None]] = {
 }
 
 
-def schedule(snapshot: Snapshot, config: SchedulerConfig | None = None, observe: Observer | None = None) -> Decision:
+def schedule(
+    snapshot: Snapshot, config: SchedulerConfig | None = None, observe: Observer | None = None, memo: Memo | None = None
+) -> Decision:
+    """Decide one cycle. `memo` may be kept between calls to reuse pure scoring work; it never changes the result."""
     config = config or SchedulerConfig()
     note = observe or _silent
     note("open", "start")
-    session = open_session(snapshot, config)
+    session = open_session(snapshot, config, memo)
     note("open", "end")
     for name in config.actions:
         note(name, "start")

@@ -14,6 +14,7 @@ from gpupool.core.decision import Bind, Pending, PendingCode, QueueShare
 from gpupool.core.model import MILLI, Request, Snapshot, State
 from gpupool.core.placement import fgd as _fgd  # noqa: F401  (registers the fgd and gpupool policies)
 from gpupool.core.placement.index import IntArray
+from gpupool.core.placement.memo import Memo
 from gpupool.core.placement.placer import Placer
 from gpupool.core.placement.policies import PolicyContext, TypicalMix, make_policy
 from gpupool.core.state import NodeState, WorkingState, WorkloadState, build_tree
@@ -74,7 +75,7 @@ class Session:
         return tuple(out)
 
 
-def open_session(snapshot: Snapshot, config: SchedulerConfig) -> Session:
+def open_session(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None = None) -> Session:
     tree = build_tree(snapshot.queues)
     nodes_sorted = sorted(snapshot.nodes, key=lambda n: n.name)
     pools = sorted({n.pool for n in nodes_sorted})
@@ -111,6 +112,7 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig) -> Session:
         seed=config.seed,
         max_cpu=max((n.cpu for n in nodes), default=1),
         max_gpus=max((len(n.devices) for n in nodes), default=1),
+        memo=memo or Memo(),
     )
     placer = Placer(state, make_policy(config.policy, ctx))
     deserved = [[q.quota(p).deserved for p in pools] for q in tree.queues]

@@ -47,7 +47,7 @@ class FgdPolicy(Policy):
         total = sum(w for _, w in ctx.mix) or 1
         self._mix = ctx.mix
         self._total_weight = total
-        self._cache: dict[tuple[int, Request, bool, frozenset[str]], _Found] = {}
+        self._cache: dict[tuple[int, Request, bool, frozenset[str]], _Found] = ctx.memo.table(self.name, ctx.mix)
         """By node signature: nodes in identical states share their evaluations."""
 
     def node_fragment(self, free: list[int], cpu_free: int, mem_free: int, mem_per_device: int) -> float:

@@ -17,7 +17,7 @@ IntArray = npt.NDArray[np.int64]
 
 
 class NodeIndex:
-    def __init__(self, nodes: list[NodeState], dirty: set[int]) -> None:
+    def __init__(self, nodes: list[NodeState], dirty: set[int], signatures: dict[tuple[object, ...], int]) -> None:
         n = len(nodes)
         self.nodes = nodes
         self.whole_now = np.zeros(n, np.int64)
@@ -30,7 +30,7 @@ class NodeIndex:
         self.mem_later = np.zeros(n, np.int64)
         self.signature = np.zeros(n, np.int64)
         self.schedulable = np.array([node.schedulable for node in nodes], dtype=bool)
-        self._signatures: dict[tuple[object, ...], int] = {}
+        self._signatures = signatures
         self.dirty = dirty
         """Shared with the working state, which adds a node's index whenever the node changes."""
         self.dirty.update(range(n))

@@ -20,7 +20,7 @@ class Placer:
         self._groups: dict[tuple[tuple[str, ...], tuple[str, ...], bool], list[list[NodeState]]] = {}
         self._ever: dict[tuple[object, ...], bool] = {}
         self._split: dict[tuple[tuple[str, ...], tuple[str, ...], bool], list[list[tuple[int, IntArray]]]] = {}
-        self.index = NodeIndex(state.nodes, state.dirty)
+        self.index = NodeIndex(state.nodes, state.dirty, policy.ctx.memo.signatures)
 
     def groups(self, ws: WorkloadState) -> list[list[NodeState]]:
         """Candidate node groups in order of preference; a gang never spans two pools."""

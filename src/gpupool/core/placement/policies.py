@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gpupool.core.model import MILLI, DeviceShare, Request
 from gpupool.core.placement.devices import free_whole_devices, share_candidates, whole_shares
+from gpupool.core.placement.memo import Memo
 from gpupool.core.state import NodeState
 
 TypicalMix = tuple[tuple[Request, int], ...]
@@ -24,6 +25,7 @@ class PolicyContext:
     seed: int
     max_cpu: int
     max_gpus: int
+    memo: Memo
 
 
 class Policy:
