@@ -29,5 +29,14 @@ def policies() -> None:
         typer.echo(name)
 
 
+def _register() -> None:
+    from gpupool.cli import simulate
+
+    app.add_typer(simulate.app, name="simulate")
+
+
+_register()
+
+
 def main() -> None:
     app()
