@@ -6,17 +6,19 @@ from typer.testing import CliRunner
 
 from gpupool.cli.main import app
 from gpupool.core import MILLI
-from gpupool.sim.packing import inflate, run_seed
+from gpupool.sim.packing import arrivals, run_seed
 from gpupool.sim.traces import load_nodes, load_pods
 
 
-def test_inflation_reaches_the_target_without_passing_it(alibaba: Path) -> None:
+def test_arrivals_are_the_shuffled_trace_then_samples_up_to_the_target(alibaba: Path) -> None:
     pods = load_pods(alibaba / "openb_pod_list_default.csv")
     capacity = 6212 * MILLI
-    inflated = inflate(pods, capacity, 1.3, random.Random(42))
-    total = sum(p.gpu_request_milli for p in inflated)
-    assert 1.3 * capacity - 8 * MILLI < total <= 1.3 * capacity
-    assert inflated[: len(pods)] == list(pods)
+    sequence = arrivals(pods, capacity, 1.3, random.Random(42))
+    head = sequence[: len(pods)]
+    assert sorted(head, key=lambda p: p.name) == sorted(pods, key=lambda p: p.name) and head != list(pods)
+    total = sum(p.gpu_request_milli for p in sequence)
+    assert 1.3 * capacity - 8 * MILLI < total <= 1.3 * capacity + 8 * MILLI
+    assert sequence == arrivals(pods, capacity, 1.3, random.Random(42))
 
 
 def test_a_seed_fills_the_cluster_and_never_overcommits(small_trace: tuple[Path, Path]) -> None:

@@ -12,6 +12,7 @@ from gpupool.core import fairshare
 from gpupool.core.config import SchedulerConfig
 from gpupool.core.decision import Bind, Pending, PendingCode, QueueShare
 from gpupool.core.model import MILLI, Request, Snapshot, State
+from gpupool.core.placement import baselines as _baselines  # noqa: F401  (registers the published baselines)
 from gpupool.core.placement import fgd as _fgd  # noqa: F401  (registers the fgd and gpupool policies)
 from gpupool.core.placement.index import IntArray
 from gpupool.core.placement.memo import Memo
@@ -113,6 +114,7 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None 
         max_cpu=max((n.cpu for n in nodes), default=1),
         max_gpus=max((len(n.devices) for n in nodes), default=1),
         memo=memo or Memo(),
+        requests_on=lambda node: [workloads[i].w.request for i, n in node.residents.items() for _ in range(n)],
     )
     placer = Placer(state, make_policy(config.policy, ctx))
     deserved = [[q.quota(p).deserved for p in pools] for q in tree.queues]

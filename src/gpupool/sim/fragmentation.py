@@ -14,22 +14,34 @@ import numpy.typing as npt
 
 from gpupool.core import MILLI, Node, Request
 from gpupool.core.placement.policies import TypicalMix
+from gpupool.sim.traces import Pod
 
 IntMatrix = npt.NDArray[np.int64]
 
 
-def typical_mix(requests: Iterable[Request], coverage_pct: int = 95) -> TypicalMix:
-    """The most popular request shapes that together cover `coverage_pct` of the requests (by count)."""
-    counts = Counter(requests)
+def typical_mix(pods: Iterable[Pod], coverage_pct: int = 95) -> TypicalMix:
+    """FGD's typical pods: shapes (CPU, GPU share, GPU count) by popularity until `coverage_pct` of the pods
+    is covered, the shape that crosses the line included. Memory is not part of a shape, as in FGD."""
+    counts = Counter(
+        Request(gpus=p.num_gpu, cpu_milli=p.cpu_milli)
+        if p.num_gpu > 1 or p.gpu_milli == MILLI
+        else Request(gpu_milli=p.gpu_milli, cpu_milli=p.cpu_milli)
+        if p.num_gpu
+        else Request(cpu_milli=p.cpu_milli)
+        for p in pods
+    )
     total = sum(counts.values())
+    ranked = sorted(
+        counts.items(),
+        key=lambda kv: (-kv[1], -kv[0].cpu_milli, -(kv[0].gpu_milli or 1000 * (kv[0].gpus > 0)), -kv[0].gpus),
+    )
     mix: list[tuple[Request, int]] = []
     covered = 0
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0].gpus, kv[0].gpu_milli, kv[0].cpu_milli, kv[0].memory_mib))
     for req, n in ranked:
-        if covered * 100 >= coverage_pct * total:
-            break
         mix.append((req, n))
         covered += n
+        if covered * 100 >= coverage_pct * total:
+            break
     return tuple(mix)
 
 
@@ -64,6 +76,9 @@ class ClusterGpus:
         frag = np.zeros(len(idle), dtype=np.float64)
         for t, weight in mix:
             host = (self.cpu_free >= t.cpu_milli) & (self.mem_free >= t.memory_mib)
+            if not (t.gpus or t.gpu_milli):
+                frag += weight * idle  # to CPU-only work every idle GPU is stranded
+                continue
             if t.gpus:
                 ok = host & ((self.free == MILLI).sum(axis=1) >= t.gpus)
                 part = np.where(ok, np.where(free < MILLI, free, 0).sum(axis=1), idle)
@@ -71,7 +86,7 @@ class ClusterGpus:
                 ok = host & (free >= t.gpu_milli).any(axis=1)
                 part = np.where(ok, np.where(free < t.gpu_milli, free, 0).sum(axis=1), idle)
             else:
-                part = np.where(host, 0, idle)
+                continue
             frag += weight * part
         return float(frag.sum()) / total_weight
 

@@ -1,21 +1,20 @@
 """The FGD packing experiment (ATC'23) replayed through gpupool's own `schedule()`.
 
-The cluster is a node list; the workload is a pod list inflated by sampling with replacement until its GPU
-requests reach `tune` x capacity, then shuffled. Pods arrive one at a time, never finish, and a pod that
-cannot be placed when it arrives is dropped. After each arrived 1% of GPU capacity the GPU allocation and
-the fragmentation rate are recorded.
+The cluster is a node list; the workload is a pod list, shuffled and inflated by sampling with replacement
+until its GPU requests reach `tune` x capacity. Pods arrive one at a time, never finish, and a pod that
+cannot be placed when it arrives is dropped. The GPU allocation and the fragmentation rate are recorded for
+every arrived percent of GPU capacity.
 
-Arrivals between two measurement points go to the core together, in arrival order, within one cycle with
-only the allocate action: one project, one priority, so the core places them in submit order against the
-state its earlier placements left, exactly as one-at-a-time arrival would. Pods it could not place are then
-dropped, as the experiment drops them.
+The pods of one arrived percent go to the core together, in arrival order, within one cycle with only the
+allocate action: one project, one priority, so the core places them in submit order against the state its
+earlier placements left, exactly as one-at-a-time arrival would. Pods it could not place are then dropped,
+as the experiment drops them.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpupool.core import MILLI, Node, Queue, SchedulerConfig, Snapshot, State, Workload, schedule
 from gpupool.core.placement.memo import Memo
@@ -45,29 +44,30 @@ class Point:
         return 100.0 * self.frag_milli / self.idle_milli if self.idle_milli else 0.0
 
 
-def inflate(pods: tuple[Pod, ...], capacity_milli: int, tune: float, rng: random.Random) -> list[Pod]:
-    """Sample pods with replacement until their GPU requests reach `tune` x capacity (drop some if above)."""
+def arrivals(pods: tuple[Pod, ...], capacity_milli: int, tune: float, rng: random.Random) -> list[Pod]:
+    """The arrival sequence, as the authors' simulator builds it.
+
+    The trace's pods, sorted by name and shuffled; then, while the GPU requests are below `tune` x capacity,
+    pods drawn with replacement from the name-sorted trace are appended (not shuffled again). Like the
+    original, the stop test adds a drawn pod's per-GPU share, not its total, and stops at the first draw that
+    would pass the target; above the target, random pods are removed instead.
+    """
+    by_name = sorted(pods, key=lambda p: p.name)
+    order = list(by_name)
+    rng.shuffle(order)
     target = tune * capacity_milli
-    out = list(pods)
-    total = sum(p.gpu_request_milli for p in out)
+    total = sum(p.gpu_request_milli for p in order)
     if total < target:
         while True:
-            pod = pods[rng.randrange(len(pods))]
-            if total + pod.gpu_request_milli > target:
+            pod = by_name[rng.randrange(len(by_name))]
+            if total + (pod.gpu_milli if pod.num_gpu else 0) > target:
                 break
-            out.append(pod)
+            order.append(pod)
             total += pod.gpu_request_milli
     else:
-        while total > target and out:
-            pod = out.pop(rng.randrange(len(out)))
-            total -= pod.gpu_request_milli
-    return out
-
-
-def arrival_order(pods: list[Pod], rng: random.Random) -> list[Pod]:
-    ordered = sorted(pods, key=lambda p: p.name)
-    rng.shuffle(ordered)
-    return ordered
+        while total > target and order:
+            total -= order.pop(rng.randrange(len(order))).gpu_request_milli
+    return order
 
 
 def run_seed(
@@ -76,69 +76,70 @@ def run_seed(
     policy: str,
     seed: int,
     tune: float = 1.3,
-    progress: Callable[[int], None] | None = None,
 ) -> list[Point]:
-    """One seed of the experiment: a measurement point for every arrived percent 0..130."""
+    """One seed of the experiment: a measurement point for every arrived percent 0..130.
+
+    As in the authors' analysis, each pod's arrival is a sample: arrived % is the GPU requested by every pod
+    so far (placed or not) over capacity, rounded to a whole percent, and point k averages the allocation
+    after each pod whose arrived % rounds to k. Fragmentation is measured once per point, after its pods.
+    """
     rng = random.Random(seed)
-    workload = arrival_order(inflate(pods, _capacity(nodes), tune, rng), rng)
-    config = SchedulerConfig(
-        policy=policy, actions=("allocate",), typical_mix=typical_mix(p.request() for p in pods), seed=seed
-    )
+    sequence = arrivals(pods, _capacity(nodes), tune, rng)
+    config = SchedulerConfig(policy=policy, actions=("allocate",), typical_mix=typical_mix(pods), seed=seed)
     memo = Memo()
     gpus = ClusterGpus(nodes)
     queue = (Queue(PROJECT),)
     running: list[Workload] = []
-    batch: list[Workload] = []
-    points: list[Point] = []
-    arrived = placed = failed = 0
-    mix = config.typical_mix or ()
-
-    def flush() -> None:
-        nonlocal placed, failed
-        if not batch:
-            return
-        snapshot = Snapshot(nodes, queue, (*running, *batch), now=float(len(running) + len(batch)))
-        decision = schedule(snapshot, config, memo=memo)
-        bound = {b.workload: b for b in decision.binds}
-        for w in batch:
+    samples: dict[int, list[float]] = {}
+    frag: dict[int, tuple[float, int]] = {}
+    placed = failed = 0
+    arrived = 0
+    i = 0
+    while i < len(sequence):
+        band = _band(arrived + sequence[i].gpu_request_milli, gpus.total_milli)
+        if band > MAX_PCT:
+            break
+        batch: list[tuple[Workload, int]] = []
+        while i < len(sequence) and _band(arrived + sequence[i].gpu_request_milli, gpus.total_milli) == band:
+            pod = sequence[i]
+            arrived += pod.gpu_request_milli
+            batch.append(
+                (Workload(f"{i:06d}", PROJECT, pod.request(), gpu_models=pod.gpu_spec, submit_time=float(i)), arrived)
+            )
+            i += 1
+        snapshot = Snapshot(nodes, queue, (*running, *(w for w, _ in batch)), now=float(i))
+        bound = {b.workload: b for b in schedule(snapshot, config, memo=memo).binds}
+        allocated = gpus.allocated_milli()
+        for w, _ in batch:
             b = bound.get(w.id)
             if b is None:
                 failed += 1
-                continue
-            placed += 1
-            running.append(_running(w, b.placements))
-            for p in b.placements:
-                gpus.take(p.node, ((d.index, d.milli) for d in p.devices), w.request.cpu_milli, w.request.memory_mib)
-        batch.clear()
+            else:
+                placed += 1
+                running.append(replace(w, state=State.RUNNING, placements=b.placements, start_time=w.submit_time))
+                for p in b.placements:
+                    gpus.take(
+                        p.node, ((d.index, d.milli) for d in p.devices), w.request.cpu_milli, w.request.memory_mib
+                    )
+                    allocated += sum(d.milli for d in p.devices)
+            samples.setdefault(band, []).append(round(100 * allocated / gpus.total_milli, 2))
+        frag[band] = (gpus.fragment_milli(config.typical_mix or ()), gpus.idle_milli())
+    return [_point(k, samples, frag, gpus.total_milli, placed, failed) for k in range(MAX_PCT + 1)]
 
-    def measure(k: int) -> None:
-        flush()
-        points.append(
-            Point(k, gpus.allocated_milli(), gpus.total_milli, gpus.fragment_milli(mix), gpus.idle_milli(), placed, failed)
-        )
-        if progress is not None:
-            progress(k)
 
-    next_pct = 0
-    for i, pod in enumerate(workload):
-        batch.append(
-            Workload(f"{i:06d}", PROJECT, pod.request(), gpu_models=pod.gpu_spec, submit_time=float(i))
-        )
-        arrived += pod.gpu_request_milli
-        while next_pct <= MAX_PCT and arrived * 100 >= next_pct * gpus.total_milli:
-            measure(next_pct)
-            next_pct += 1
-    while next_pct <= MAX_PCT:
-        measure(next_pct)
-        next_pct += 1
-    return points
+def _band(arrived_milli: int, total_milli: int) -> int:
+    return round(100 * arrived_milli / total_milli)
+
+
+def _point(
+    k: int, samples: dict[int, list[float]], frag: dict[int, tuple[float, int]], total: int, placed: int, failed: int
+) -> Point:
+    near = samples.get(k) or [v for j in (k - 1, k + 1) for v in samples.get(j, [])]
+    alloc_pct = sum(near) / len(near) if near else 100.0 * 0
+    nearest = min(frag, key=lambda j: (abs(j - k), j)) if frag else None
+    frag_milli, idle = frag[nearest] if nearest is not None else (0.0, total)
+    return Point(k, round(alloc_pct * total / 100), total, frag_milli, idle, placed, failed)
 
 
 def _capacity(nodes: tuple[Node, ...]) -> int:
     return sum(len(n.devices) for n in nodes) * MILLI
-
-
-def _running(w: Workload, placements: tuple) -> Workload:  # type: ignore[type-arg]
-    from dataclasses import replace
-
-    return replace(w, state=State.RUNNING, placements=placements, start_time=w.submit_time)

@@ -22,10 +22,38 @@ PUBLISHED_UNALLOCATED_AT_100: dict[str, dict[str, float]] = {
     "cpu100": {"random": 12.57, "dotprod": 8.27, "clustering": 7.58, "packing": 7.50, "bestfit": 6.74, "fgd": 4.79},
     "cpu200": {"random": 16.97, "dotprod": 12.55, "clustering": 10.33, "packing": 10.02, "bestfit": 7.85, "fgd": 5.18},
     "cpu250": {"random": 20.00, "dotprod": 16.43, "clustering": 12.25, "packing": 11.95, "bestfit": 8.79, "fgd": 6.80},
-    "gpushare40": {"random": 15.14, "dotprod": 10.70, "clustering": 10.24, "packing": 10.23, "bestfit": 8.56, "fgd": 6.04},
-    "gpushare60": {"random": 17.19, "dotprod": 13.18, "clustering": 13.10, "packing": 12.85, "bestfit": 10.94, "fgd": 8.75},
-    "gpushare80": {"random": 19.38, "dotprod": 15.86, "clustering": 15.50, "packing": 15.35, "bestfit": 13.34, "fgd": 10.92},
-    "gpushare100": {"random": 21.10, "dotprod": 18.02, "clustering": 17.78, "packing": 17.87, "bestfit": 15.38, "fgd": 13.36},
+    "gpushare40": {
+        "random": 15.14,
+        "dotprod": 10.70,
+        "clustering": 10.24,
+        "packing": 10.23,
+        "bestfit": 8.56,
+        "fgd": 6.04,
+    },
+    "gpushare60": {
+        "random": 17.19,
+        "dotprod": 13.18,
+        "clustering": 13.10,
+        "packing": 12.85,
+        "bestfit": 10.94,
+        "fgd": 8.75,
+    },
+    "gpushare80": {
+        "random": 19.38,
+        "dotprod": 15.86,
+        "clustering": 15.50,
+        "packing": 15.35,
+        "bestfit": 13.34,
+        "fgd": 10.92,
+    },
+    "gpushare100": {
+        "random": 21.10,
+        "dotprod": 18.02,
+        "clustering": 17.78,
+        "packing": 17.87,
+        "bestfit": 15.38,
+        "fgd": 13.36,
+    },
 }
 POLICY_ORDER = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "gpupool")
 
@@ -107,11 +135,29 @@ def write_policy(out: Path, summary: dict[str, Any], runs: dict[int, list[Point]
     for seed, points in sorted(runs.items()):
         with (out / f"seed-{seed}.csv").open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["arrived_pct", "allocated_milli", "total_milli", "unallocated_gpu_pct", "frag_rate_pct",
-                        "placed", "failed"])
+            w.writerow(
+                [
+                    "arrived_pct",
+                    "allocated_milli",
+                    "total_milli",
+                    "unallocated_gpu_pct",
+                    "frag_rate_pct",
+                    "placed",
+                    "failed",
+                ]
+            )
             for p in points:
-                w.writerow([p.arrived_pct, p.allocated_milli, p.total_milli, f"{p.unallocated_gpu_pct:.4f}",
-                            f"{p.frag_rate_pct:.4f}", p.placed, p.failed])
+                w.writerow(
+                    [
+                        p.arrived_pct,
+                        p.allocated_milli,
+                        p.total_milli,
+                        f"{p.unallocated_gpu_pct:.4f}",
+                        f"{p.frag_rate_pct:.4f}",
+                        p.placed,
+                        p.failed,
+                    ]
+                )
     plot([summary], out / "unallocated.png", f"{summary['policy']} on {trace_name(Path(summary['pods_file']))}")
 
 

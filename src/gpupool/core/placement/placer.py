@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -20,6 +22,7 @@ class Placer:
         self._groups: dict[tuple[tuple[str, ...], tuple[str, ...], bool], list[list[NodeState]]] = {}
         self._ever: dict[tuple[object, ...], bool] = {}
         self._split: dict[tuple[tuple[str, ...], tuple[str, ...], bool], list[list[tuple[int, IntArray]]]] = {}
+        self._ranks: dict[int, int] = {}
         self.index = NodeIndex(state.nodes, state.dirty, policy.ctx.memo.signatures)
 
     def groups(self, ws: WorkloadState) -> list[list[NodeState]]:
@@ -110,14 +113,50 @@ class Placer:
 
     def place_in(self, ws: WorkloadState, rows: IntArray, pipelined: bool) -> tuple[Placement, ...] | None:
         w = ws.w
-        req = w.request
-        if w.gang_size > 1:
-            return self._place_gang(ws, rows, pipelined, frozenset(w.gpu_models))
         models = frozenset(w.gpu_models)
-        best = self.best_node(self.fitting(rows, req, pipelined, distinct=True), req, pipelined, models)
-        if best is None:
+        if w.gang_size > 1:
+            return self._place_gang(ws, rows, pipelined, models)
+        req = w.request
+        fit = self.index.fitting(rows, req, pipelined)
+        if not len(fit):
             return None
-        return (Placement(0, best[0].name, best[1]),)
+        policy = self.policy
+        reps = self.index.distinct(fit) if policy.state_only and len(fit) > 1 else fit
+        nodes = self.state.nodes
+        best_score: float | None = None
+        best: list[tuple[int, tuple[DeviceShare, ...]]] = []
+        for i in reps.tolist():
+            found = policy.evaluate(nodes[i], req, pipelined, models)
+            if found is None:
+                continue
+            if best_score is None or found[1] > best_score:
+                best_score, best = found[1], [(i, found[0])]
+            elif found[1] == best_score:
+                best.append((i, found[0]))
+        if not best:
+            return None
+        if policy.ties == "lowest":
+            i, shares = best[0]  # the lowest index among the best
+            return (Placement(0, nodes[i].name, shares),)
+        if reps is fit:
+            tied = [i for i, _ in best]
+        else:  # every node in the same state as a best representative ties with it
+            tied = fit[np.isin(self.index.signature[fit], [self.index.signature[i] for i, _ in best])].tolist()
+        rng = random.Random(f"{policy.ctx.seed}:{w.id}")
+        if policy.ties == "random":
+            node = nodes[tied[rng.randrange(len(tied))]]
+        else:
+            node = nodes[min(tied, key=self._tie_rank)]
+        found = policy.evaluate(node, req, pipelined, models)
+        assert found is not None
+        return (Placement(0, node.name, policy.finalize(node, req, found[0], pipelined, rng)),)
+
+    def _tie_rank(self, i: int) -> int:
+        """A node's place in a fixed order drawn from the seed (the node order of the FGD simulator's run)."""
+        rank = self._ranks.get(i)
+        if rank is None:
+            rank = self._ranks[i] = zlib.crc32(f"{self.policy.ctx.seed}:{self.state.nodes[i].name}".encode())
+        return rank
 
     def best_node(
         self, nodes: list[NodeState], req: Request, pipelined: bool, models: frozenset[str]
