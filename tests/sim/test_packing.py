@@ -53,7 +53,8 @@ def test_cli_writes_summary_csv_and_plot(tmp_path: Path, small_trace: tuple[Path
     summary = json.loads((out / "summary.json").read_text())
     assert summary["policy"] == "bestfit" and summary["seeds"] == [42, 43]
     assert [p["arrived_pct"] for p in summary["points"]] == list(range(131))
-    assert set(summary["points"][100]) == {"arrived_pct", "unallocated_gpu_pct", "unallocated_gpu_pct_sd", "frag_rate_pct"}
+    keys = {"arrived_pct", "unallocated_gpu_pct", "unallocated_gpu_pct_sd", "frag_rate_pct"}
+    assert set(summary["points"][100]) == keys
     assert (out / "seed-42.csv").read_text().startswith("arrived_pct,")
     assert (out / "unallocated.png").read_bytes()[:4] == b"\x89PNG"
 

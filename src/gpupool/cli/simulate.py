@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 app = typer.Typer(help="Replay public GPU-cluster traces through gpupool's scheduler.", no_args_is_help=True)
 err = Console(stderr=True)
@@ -60,13 +60,78 @@ def packing(
         table = report.comparison_table(report.trace_name(pods), summaries)
         (out / "comparison.md").write_text(table)
         report.plot(list(summaries.values()), out / "comparison.png", f"all policies on {report.trace_name(pods)}")
-        (out / "summary.json").write_text(
-            __import__("json").dumps({"policies": summaries}, indent=1) + "\n"
-        )
+        (out / "summary.json").write_text(__import__("json").dumps({"policies": summaries}, indent=1) + "\n")
         typer.echo(table)
     else:
         point = summaries[policy]["points"][100]
         typer.echo(
             f"{policy}: {point['unallocated_gpu_pct']:.2f}% of GPUs unallocated at 100% arrived "
             f"(sd {point['unallocated_gpu_pct_sd']:.2f}); results in {out}"
+        )
+
+
+@app.command()
+def org(
+    trace: Annotated[
+        Path, typer.Option("--trace", help="Philly trace CSV (timestamp,duration,num_gpus,gpu_time,cluster).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Directory for summary.json and the utilisation plot.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs in the cluster (a multiple of 8).")] = 256,
+    days: Annotated[float, typer.Option("--days", help="Days of the trace to replay.")] = 7.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for sampling and the synthetic mix.")] = 1,
+    start_day: Annotated[float, typer.Option("--start-day", help="Day of the trace the replay starts at.")] = 35.0,
+) -> None:
+    """An organisation over time under three regimes: manual, quota and gpupool."""
+    import json
+
+    from gpupool.sim.org import REGIMES, OrgSim
+    from gpupool.sim.org_jobs import DAY, build
+    from gpupool.sim.org_report import metrics, plot
+    from gpupool.sim.traces import TraceError, load_philly
+
+    if gpus < 8 or gpus % 8:
+        err.print("[red]error:[/] --gpus must be a positive multiple of 8")
+        raise typer.Exit(2)
+    if not 0 < days <= 60:
+        err.print("[red]error:[/] --days must be more than 0 and at most 60")
+        raise typer.Exit(2)
+    try:
+        jobs = load_philly(trace)
+    except TraceError as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    organisation = build(jobs, gpus, days, seed, start_day=start_day)
+    sims: dict[str, OrgSim] = {}
+    horizon = days * DAY
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    ) as bar:
+        for name, regime in REGIMES.items():
+            task = bar.add_task(f"{name:>8}", total=round(horizon / 3600))
+            sim = OrgSim(organisation, regime, gpus, horizon)
+
+            def advance(now: float, task: TaskID = task) -> None:
+                bar.update(task, completed=round(now / 3600))
+
+            sim.run(progress=advance)
+            bar.update(task, completed=round(horizon / 3600))
+            sims[name] = sim
+    out.mkdir(parents=True, exist_ok=True)
+    results = {name: metrics(sim) for name, sim in sims.items()}
+    summary = {
+        "trace": str(trace),
+        "gpus": gpus,
+        "days": days,
+        "seed": seed,
+        "start_day": start_day,
+        "jobs": len(organisation.jobs),
+        "regimes": results,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(sims, out / "utilisation.png")
+    for name, m in results.items():
+        typer.echo(
+            f"{name:>8}: {m['gpu_allocation_pct_while_waiting']:5.1f}% allocated while work waits, "
+            f"wait p50 {m['wait_p50_s']:.0f} s p95 {m['wait_p95_s']:.0f} s, mean JCT {m['mean_jct_s'] or 0:.0f} s, "
+            f"{m['preemptions_per_100_jobs']} preemptions per 100 jobs"
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from gpupool.core import MILLI, Device, Node, Request
@@ -85,6 +86,41 @@ def load_pods(path: Path) -> tuple[Pod, ...]:
     if not pods:
         raise TraceError(f"{path}: no pods")
     return tuple(pods)
+
+
+@dataclass(frozen=True, slots=True)
+class PhillyJob:
+    """One job of the Philly trace as packaged by the Pollux artifact."""
+
+    submit_s: float
+    """Seconds since the trace's first submission."""
+    duration_s: float
+    num_gpus: int
+    cluster: str
+    """The hashed Philly virtual cluster: a team."""
+
+
+PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
+
+
+def load_philly(path: Path) -> tuple[PhillyJob, ...]:
+    """`timestamp,duration,num_gpus,gpu_time,cluster`, in submit order (ties by line)."""
+    rows = []
+    for line, row in _rows(path, (PHILLY_COLUMNS,)):
+        try:
+            stamp = datetime.strptime(row["timestamp"].strip(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+            duration = float(row["duration"])
+        except ValueError as e:
+            raise TraceError(f"{path}:{line}: {e}") from None
+        gpus = _int(path, line, row, "num_gpus")
+        if duration < 0 or gpus < 1:
+            raise TraceError(f"{path}:{line}: a job needs a duration of 0 or more and at least one GPU")
+        rows.append((stamp.timestamp(), line, duration, gpus, row["cluster"].strip()))
+    if not rows:
+        raise TraceError(f"{path}: no jobs")
+    rows.sort()
+    start = rows[0][0]
+    return tuple(PhillyJob(t - start, d, g, c) for t, _, d, g, c in rows)
 
 
 def _rows(path: Path, layouts: tuple[tuple[str, ...], ...]) -> list[tuple[int, dict[str, str]]]:

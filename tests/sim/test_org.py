@@ -1,0 +1,83 @@
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpupool.cli.main import app
+from gpupool.core import MILLI
+from gpupool.sim.org import REGIMES, OrgSim
+from gpupool.sim.org_jobs import DAY, Organisation, build
+from gpupool.sim.org_report import metrics
+from gpupool.sim.traces import load_philly
+
+PHILLY = Path(__file__).resolve().parents[3] / "shared" / "traces" / "philly-pollux" / "philly.csv"
+
+
+@pytest.fixture(scope="module")
+def organisation() -> Organisation:
+    return build(load_philly(PHILLY), gpus=64, days=1, seed=3)
+
+
+@pytest.fixture(scope="module")
+def runs(organisation: Organisation) -> dict[str, OrgSim]:
+    out = {}
+    for name, regime in REGIMES.items():
+        sim = OrgSim(organisation, regime, 64, DAY)
+        sim.run()
+        out[name] = sim
+    return out
+
+
+def test_the_organisation_has_fifteen_teams_in_five_departments(organisation: Organisation) -> None:
+    assert len(organisation.departments) == 5
+    assert sum(len(p) for p in organisation.departments.values()) == 15
+    assert sum(organisation.deserved_gpus.values()) <= 64
+    kinds = {j.kind for j in organisation.jobs}
+    assert kinds == {"training", "batch", "notebook", "inference"}
+    assert organisation == build(load_philly(PHILLY), gpus=64, days=1, seed=3)
+
+
+def test_no_regime_ever_overcommits_a_gpu(runs: dict[str, OrgSim]) -> None:
+    for sim in runs.values():
+        assert all(a <= sim.gpus * MILLI for _, a, _ in sim.totals.timeline)
+        assert all(0 <= b <= a for _, a, b in sim.totals.timeline)
+
+
+def test_pooling_beats_manual_allocation(runs: dict[str, OrgSim]) -> None:
+    manual, pooled = metrics(runs["manual"]), metrics(runs["gpupool"])
+    assert pooled["gpu_allocation_pct_while_waiting"] > manual["gpu_allocation_pct_while_waiting"]
+    assert pooled["wait_p95_s"] < manual["wait_p95_s"]
+    assert pooled["mean_jct_s"] < manual["mean_jct_s"]
+
+
+def test_only_gpupool_shares_gpus_and_reclaims_idle_notebooks(runs: dict[str, OrgSim]) -> None:
+    assert metrics(runs["gpupool"])["notebook_suspensions"] > 0
+    assert metrics(runs["quota"])["notebook_suspensions"] == 0
+    fractional = {
+        d.milli for r in runs["gpupool"].records.values() if r.job.kind == "notebook" for p in r.placements
+        for d in p.devices
+    }
+    assert all(m < MILLI for m in fractional)
+    manual = metrics(runs["manual"])
+    assert manual["preemptions_per_100_jobs"] == 0
+
+
+def test_cli_writes_every_regime(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["simulate", "org", "--trace", str(PHILLY), "--gpus", "16", "--days", "0.25", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for regime in ("manual", "quota", "gpupool"):
+        m = summary["regimes"][regime]
+        for key in ("gpu_allocation_pct_while_waiting", "busy_share_of_allocated_pct", "wait_p50_s", "wait_p95_s",
+                    "mean_jct_s", "preemptions_per_100_jobs", "per_class", "per_project"):
+            assert key in m
+    assert (tmp_path / "utilisation.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--gpus", "12"], "multiple of 8"), (["--days", "0"], "--days")])
+def test_cli_refuses_bad_sizes(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["simulate", "org", "--trace", str(PHILLY), "--out", str(tmp_path), *args])
+    assert result.exit_code == 2 and message in result.output
