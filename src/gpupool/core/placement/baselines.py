@@ -41,11 +41,17 @@ class RandomPolicy(Policy):
     ties = "random"
 
     def finalize(
-        self, node: NodeState, req: Request, shares: tuple[DeviceShare, ...], pipelined: bool, rng: random.Random
+        self,
+        node: NodeState,
+        req: Request,
+        shares: tuple[DeviceShare, ...],
+        pipelined: bool,
+        models: frozenset[str],
+        rng: random.Random,
     ) -> tuple[DeviceShare, ...]:
         if req.gpus or not shares:
             return shares
-        options = [DeviceShare(d.index, m, mem) for d, m, mem in share_candidates(node, req, pipelined, frozenset())]
+        options = [DeviceShare(d.index, m, mem) for d, m, mem in share_candidates(node, req, pipelined, models)]
         return (options[rng.randrange(len(options))],) if options else shares
 
 

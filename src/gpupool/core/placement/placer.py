@@ -149,7 +149,7 @@ class Placer:
             node = nodes[min(tied, key=self._tie_rank)]
         found = policy.evaluate(node, req, pipelined, models)
         assert found is not None
-        return (Placement(0, node.name, policy.finalize(node, req, found[0], pipelined, rng)),)
+        return (Placement(0, node.name, policy.finalize(node, req, found[0], pipelined, models, rng)),)
 
     def _tie_rank(self, i: int) -> int:
         """A node's place in a fixed order drawn from the seed (the node order of the FGD simulator's run)."""

@@ -76,7 +76,13 @@ class Policy:
         return shares, self.score(node, req, shares)
 
     def finalize(
-        self, node: NodeState, req: Request, shares: tuple[DeviceShare, ...], pipelined: bool, rng: random.Random
+        self,
+        node: NodeState,
+        req: Request,
+        shares: tuple[DeviceShare, ...],
+        pipelined: bool,
+        models: frozenset[str],
+        rng: random.Random,
     ) -> tuple[DeviceShare, ...]:
         """The devices actually used on the chosen node (a policy may pick among equals at random)."""
         return shares
