@@ -1,9 +1,12 @@
+import os
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+SHARED = Path(os.environ.get("GPUPOOL_SHARED") or Path(__file__).resolve().parents[3] / "shared")
+"""The project's shared folder (beside the repository, in CI too); GPUPOOL_SHARED points elsewhere."""
 ALIBABA = SHARED / "traces" / "alibaba-gpu-v2023" / "csv"
+PHILLY = SHARED / "traces" / "philly-pollux" / "philly.csv"
 
 
 @pytest.fixture(scope="session")

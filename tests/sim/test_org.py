@@ -10,8 +10,7 @@ from gpupool.sim.org import REGIMES, OrgSim
 from gpupool.sim.org_jobs import DAY, Organisation, build
 from gpupool.sim.org_report import metrics
 from gpupool.sim.traces import load_philly
-
-PHILLY = Path(__file__).resolve().parents[3] / "shared" / "traces" / "philly-pollux" / "philly.csv"
+from tests.sim.conftest import PHILLY
 
 
 @pytest.fixture(scope="module")
