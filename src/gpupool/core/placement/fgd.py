@@ -122,39 +122,27 @@ class FgdPolicy(Policy):
 
 
 class GpupoolPolicy(FgdPolicy):
-    """The default: FGD's fragmentation gradient, then the fullest device that fits; CPU-only work where GPUs
-    are already taken.
+    """The default: FGD's fragmentation gradient for GPU work, and CPU-only work where GPUs are already taken.
 
-    FGD's coarse score (an integer of the sigmoid) groups placements that change fragmentation alike; among
-    those, a fraction goes to the device it fills most (best fit, which pairs fractions tightly), and
-    remaining ties go to the first node in a fixed order drawn from the seed, which consolidates work onto
-    the same nodes and keeps others whole. CPU-only work goes to the node with the least GPU free, so the
-    CPUs it takes do not strand GPUs that GPU work could still use. Measured on the Alibaba trace: see
-    docs/performance.md.
+    FGD's coarse score (an integer of the sigmoid) groups placements that change fragmentation alike, and
+    ties go to the first node in a fixed order drawn from the seed, which consolidates work onto the same
+    nodes and keeps others whole. CPU-only work goes to the node with the least GPU free (FGD breaking
+    ties), so the CPUs it takes do not strand GPUs that GPU work could still use: on CPU-heavy traces that
+    is a point of the cluster. Measured on the Alibaba trace: see docs/performance.md.
     """
 
     name = "gpupool"
     ties = "order"
 
     def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
-        best: _Found = (None, 0.0)
-        cpu_only = not (req.gpus or req.gpu_milli or req.gpu_memory_mib)
-        for shares, decrease in self._options(node, req, pipelined, models):
-            value = float(int(100 / (1 + math.exp(-decrease / 1000)))) * _SCORE_STEP
-            if cpu_only:
-                value -= node.gpu_milli_free() * _GPU_FREE_STEP
-            elif shares and not req.gpus:
-                d = node.device(shares[0].index)
-                value -= MILLI - d.used - d.rel - shares[0].milli  # what the device has left after it
-            if best[0] is None or value > best[1]:
-                best = (shares, value)
-        return best
+        shares, value = super()._compute(node, req, pipelined, models)
+        if shares is not None and not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
+            value -= node.gpu_milli_free() * _GPU_FREE_STEP
+        return shares, value
 
 
-_SCORE_STEP = 10 * MILLI
-"""One step of FGD's integer score outweighs any difference in what a device has left."""
-_GPU_FREE_STEP = 1_000 * _SCORE_STEP
-"""For CPU-only work, one milli-GPU free outweighs FGD's whole score range."""
+_GPU_FREE_STEP = 1_000.0
+"""For CPU-only work one milli-GPU free outweighs FGD's whole score range (0..100)."""
 
 
 def _position(node: NodeState, index: int) -> int:
