@@ -57,15 +57,17 @@ class Cluster:
 
     def project(
         self, name: str, department: str | None = None, deserved: float = 0, limit: float | None = None,
-        weight: int = 1, pool: str = "", strict_fifo: bool = False,
+        weight: int = 1, pool: str = "", strict_fifo: bool = False, **host: int,
     ) -> Cluster:
-        return self._queue(name, department, deserved, limit, weight, pool, strict_fifo)
+        """`host` takes CPU and memory quotas as Quota spells them: cpu_limit=8000, memory_deserved=..."""
+        return self._queue(name, department, deserved, limit, weight, pool, strict_fifo, **host)
 
     def _queue(
-        self, name: str, parent: str | None, deserved: float, limit: float | None, weight: int, pool: str, fifo: bool
+        self, name: str, parent: str | None, deserved: float, limit: float | None, weight: int, pool: str, fifo: bool,
+        **host: int,
     ) -> Cluster:
         pools = [pool] if pool else sorted({n.pool for n in self.nodes}) or ["default"]
-        quota = Quota(deserved=milli(deserved) or 0, limit=milli(limit), over_quota_weight=weight)
+        quota = Quota(deserved=milli(deserved) or 0, limit=milli(limit), over_quota_weight=weight, **host)
         self.queues[name] = Queue(name, parent, {p: quota for p in pools}, strict_fifo=fifo)
         return self
 

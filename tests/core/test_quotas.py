@@ -57,3 +57,23 @@ def test_surplus_is_split_by_over_quota_weight() -> None:
     shares = {s.queue: s.fair_share for s in decision.shares}
     # 12 surplus GPUs split 3:1 on top of 2 deserved each.
     assert shares == {"a": 11000, "b": 5000}
+
+
+def test_cpu_limit_caps_a_project_where_set() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=8).project("a", deserved=8, cpu_limit=20_000)
+    for i in range(4):
+        c.submit(f"a{i}", "a", gpus=1, cpus=8)
+    run = Run(c.snapshot()).settle()
+    assert len(run.running()) == 2
+    p = run.decisions[-1].pending_for("a2")
+    assert p is not None and p.code.value == "over-limit" and "CPU limit of 20000 millicores" in p.message
+
+
+def test_non_preemptible_work_must_fit_the_memory_deserved_where_set() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=8).project("a", deserved=8, memory_deserved=64 * 1024)
+    c.submit("s1", "a", gpus=1, memory_gib=48, priority="production")
+    c.submit("s2", "a", gpus=1, memory_gib=48, priority="production")
+    c.submit("t", "a", gpus=1, memory_gib=48, priority="training")  # preemptible: may go over
+    run = Run(c.snapshot()).settle()
+    assert run.running() == {"s1", "t"}
+    assert run.reason("s2") == "nonpreemptible-over-deserved"

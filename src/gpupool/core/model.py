@@ -35,12 +35,17 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """A queue's GPU quota in one pool, in milli-GPU."""
+    """A queue's quota in one pool: GPU in milli-GPU; CPU (millicores) and memory (MiB) where set."""
 
     deserved: int = 0
     limit: int | None = None
     """Hard cap on deserved plus over-quota; None is unlimited."""
     over_quota_weight: int = 1
+    cpu_deserved: int | None = None
+    """CPU guaranteed; where set, non-preemptible work must fit in it. None: not set."""
+    cpu_limit: int | None = None
+    memory_deserved: int | None = None
+    memory_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

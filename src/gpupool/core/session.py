@@ -103,6 +103,7 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None 
     state = WorkingState(
         tree=tree, pools=pools, nodes=nodes, node_by_name={n.name: n for n in nodes}, workloads=workloads,
         now=snapshot.now, used=[[0] * n_p for _ in range(n_q)], np_used=[[0] * n_p for _ in range(n_q)],
+        host_used=[[[0, 0, 0, 0] for _ in range(n_p)] for _ in range(n_q)],
     )
     for ws in workloads:
         if ws.state is not State.PENDING:

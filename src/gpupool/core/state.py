@@ -233,6 +233,8 @@ class WorkingState:
     """Queue index -> pool index -> GPU milli charged (running, bound or pipelined)."""
     np_used: list[list[int]]
     """The non-preemptible part of `used`."""
+    host_used: list[list[list[int]]] = field(default_factory=list)
+    """Queue index -> pool index -> [CPU, memory, non-preemptible CPU, non-preemptible memory] charged."""
     evictions: list[Eviction] = field(default_factory=list)
     dirty: set[int] = field(default_factory=set)
     """Nodes changed since the placement index last looked."""
@@ -326,14 +328,21 @@ class WorkingState:
         self._journal.append(undo)
 
     def _charge(self, ws: WorkloadState, sign: int) -> None:
-        if ws.pool_idx < 0 or not ws.milli:
+        if ws.pool_idx < 0:
             return
         amount = sign * ws.milli
+        members = len(ws.placements)
+        cpu, memory = sign * ws.w.request.cpu_milli * members, sign * ws.w.request.memory_mib * members
         nonpreemptible = not ws.w.preemptible
         for q in self.tree.chain[ws.queue]:
             self.used[q][ws.pool_idx] += amount
+            host = self.host_used[q][ws.pool_idx]
+            host[0] += cpu
+            host[1] += memory
             if nonpreemptible:
                 self.np_used[q][ws.pool_idx] += amount
+                host[2] += cpu
+                host[3] += memory
 
     def _occupy(self, node: NodeState, ws: WorkloadState, p: Placement, sign: int, release: bool) -> None:
         req = ws.w.request

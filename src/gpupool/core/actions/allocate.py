@@ -43,7 +43,10 @@ def try_allocate(
         session.pending[ws.idx] = explain.never_fits(ws)
         return False
     nominal = w.request.nominal_milli() * w.gang_size
-    verdicts = [quota.check(state, ws.queue, p, nominal, w.preemptible) for p in range(len(state.pools))]
+    cpu, memory = w.request.cpu_milli * w.gang_size, w.request.memory_mib * w.gang_size
+    verdicts = [
+        quota.check(state, ws.queue, p, nominal, w.preemptible, cpu, memory) for p in range(len(state.pools))
+    ]
     candidate_pools = placer.candidate_pools(ws)
     if all(verdicts[p] is not None for p in candidate_pools):
         first = verdicts[min(candidate_pools, key=lambda p: _preference(ws, state.pools[p]))]
@@ -93,7 +96,9 @@ def _exact_quota(session: Session, ws: WorkloadState, placements: tuple[Placemen
     state = session.state
     pool_idx = state.node_by_name[placements[0].node].pool_idx
     milli = sum(d.milli for p in placements for d in p.devices)
-    verdict = quota.check(state, ws.queue, pool_idx, milli, ws.w.preemptible)
+    w = ws.w
+    cpu, memory = w.request.cpu_milli * w.gang_size, w.request.memory_mib * w.gang_size
+    verdict = quota.check(state, ws.queue, pool_idx, milli, w.preemptible, cpu, memory)
     return None if verdict is None else Pending(ws.w.id, verdict.code, verdict.message)
 
 

@@ -61,7 +61,8 @@ def _quota_allows(session: Session, ws: WorkloadState) -> Callable[[int], bool]:
     nominal = ws.w.request.nominal_milli() * ws.w.gang_size
 
     def ok(pool: int) -> bool:
-        return quota.check(session.state, ws.queue, pool, nominal, ws.w.preemptible) is None
+        cpu, memory = ws.w.request.cpu_milli * ws.w.gang_size, ws.w.request.memory_mib * ws.w.gang_size
+        return quota.check(session.state, ws.queue, pool, nominal, ws.w.preemptible, cpu, memory) is None
 
     return ok
 
