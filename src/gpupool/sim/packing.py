@@ -92,6 +92,7 @@ def run_seed(
     running: list[Workload] = []
     samples: dict[int, list[float]] = {}
     frag: dict[int, tuple[float, int]] = {}
+    counts: dict[int, tuple[int, int]] = {}
     placed = failed = 0
     arrived = 0
     i = 0
@@ -99,18 +100,16 @@ def run_seed(
         band = _band(arrived + sequence[i].gpu_request_milli, gpus.total_milli)
         if band > MAX_PCT:
             break
-        batch: list[tuple[Workload, int]] = []
+        batch: list[Workload] = []
         while i < len(sequence) and _band(arrived + sequence[i].gpu_request_milli, gpus.total_milli) == band:
             pod = sequence[i]
             arrived += pod.gpu_request_milli
-            batch.append(
-                (Workload(f"{i:06d}", PROJECT, pod.request(), gpu_models=pod.gpu_spec, submit_time=float(i)), arrived)
-            )
+            batch.append(Workload(f"{i:06d}", PROJECT, pod.request(), gpu_models=pod.gpu_spec, submit_time=float(i)))
             i += 1
-        snapshot = Snapshot(nodes, queue, (*running, *(w for w, _ in batch)), now=float(i))
+        snapshot = Snapshot(nodes, queue, (*running, *batch), now=float(i))
         bound = {b.workload: b for b in schedule(snapshot, config, memo=memo).binds}
         allocated = gpus.allocated_milli()
-        for w, _ in batch:
+        for w in batch:
             b = bound.get(w.id)
             if b is None:
                 failed += 1
@@ -124,7 +123,8 @@ def run_seed(
                     allocated += sum(d.milli for d in p.devices)
             samples.setdefault(band, []).append(round(100 * allocated / gpus.total_milli, 2))
         frag[band] = (gpus.fragment_milli(config.typical_mix or ()), gpus.idle_milli())
-    return [_point(k, samples, frag, gpus.total_milli, placed, failed) for k in range(MAX_PCT + 1)]
+        counts[band] = (placed, failed)
+    return [_point(k, samples, frag, counts, gpus.total_milli) for k in range(MAX_PCT + 1)]
 
 
 def _band(arrived_milli: int, total_milli: int) -> int:
@@ -132,12 +132,18 @@ def _band(arrived_milli: int, total_milli: int) -> int:
 
 
 def _point(
-    k: int, samples: dict[int, list[float]], frag: dict[int, tuple[float, int]], total: int, placed: int, failed: int
+    k: int,
+    samples: dict[int, list[float]],
+    frag: dict[int, tuple[float, int]],
+    counts: dict[int, tuple[int, int]],
+    total: int,
 ) -> Point:
+    """Point k: the mean allocation over the pods of band k (else of its neighbours, as the authors do)."""
     near = samples.get(k) or [v for j in (k - 1, k + 1) for v in samples.get(j, [])]
-    alloc_pct = sum(near) / len(near) if near else 100.0 * 0
+    alloc_pct = sum(near) / len(near) if near else 0.0
     nearest = min(frag, key=lambda j: (abs(j - k), j)) if frag else None
     frag_milli, idle = frag[nearest] if nearest is not None else (0.0, total)
+    placed, failed = counts[nearest] if nearest is not None else (0, 0)
     return Point(k, round(alloc_pct * total / 100), total, frag_milli, idle, placed, failed)
 
 
