@@ -83,7 +83,8 @@ class Record:
     preemptions: int = 0
     suspensions: int = 0
     owed_wait: float = 0.0
-    """Longest wait while its project was below deserved with room for it (see `_owed`)."""
+    """Longest stretch it waited while its project was below deserved with room for it (see `_owed`)."""
+    owed_since: float | None = None
     remaining: float = 0.0
     pending_since: float | None = None
     started: float | None = None
@@ -188,7 +189,7 @@ class OrgSim:
     # -- state changes -----------------------------------------------------------------------------
 
     def _start(self, rec: Record, placements: tuple[Placement, ...]) -> None:
-        rec.placements, rec.started = placements, self.now
+        rec.placements, rec.started, rec.owed_since = placements, self.now, None
         if rec.first_start is None:
             rec.first_start = self.now
         rec.token += 1
@@ -245,9 +246,13 @@ class OrgSim:
         queued = sorted(self.pending.values(), key=lambda r: (-CLASS_OF[r.job.kind].value, r.job.submit, r.job.id))
         for rec in queued:
             p, need = rec.job.project, self._milli(rec.job)
-            if need <= room[p] and rec.pending_since is not None:
+            if need <= room[p]:
                 room[p] -= need
-                rec.owed_wait = max(rec.owed_wait, self.now + dt - rec.pending_since)
+                if rec.owed_since is None:
+                    rec.owed_since = self.now
+                rec.owed_wait = max(rec.owed_wait, self.now + dt - rec.owed_since)
+            else:
+                rec.owed_since = None
 
     # -- translation -------------------------------------------------------------------------------
 
