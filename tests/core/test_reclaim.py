@@ -107,3 +107,19 @@ def test_nothing_is_evicted_when_no_node_fits_even_after_evicting_every_candidat
     run = Run(c.snapshot()).settle()
     assert run.evicted() == [] and "a3" in run.pending()
     assert run.reason("a3") == "no-node-fits"
+
+
+def test_reclaim_from_a_sibling_inside_a_full_department() -> None:
+    # d1 is at its share, so a may not grow it at d2's expense, but b borrowed a's share inside d1.
+    c = Cluster().pool("h100", nodes=2, gpus=4)
+    c.department("d1", deserved=4).department("d2", deserved=4)
+    c.project("a", department="d1", deserved=2).project("b", department="d1", deserved=2)
+    c.project("c", department="d2", deserved=4)
+    run = Run(c.snapshot())
+    for i in range(4):
+        run.submit(c, f"b{i}", "b", gpus=1).settle()
+        run.submit(c, f"c{i}", "c", gpus=1).settle()
+    run.submit(c, "a0", "a", gpus=1).settle()
+    assert "a0" in run.running()
+    assert run.evicted() == ["b3"]
+    assert run.used_gpus("c") == 4 and run.used_gpus("b") == 3

@@ -33,7 +33,9 @@ def reclaim(session: Session) -> None:
         nominal = ws.w.request.nominal_milli() * ws.w.gang_size
         if not nominal:
             continue  # fair shares are in GPUs: they give CPU-only work no claim on anyone's GPUs
-        entitled = [p for p in _pools(session, ws) if _within(session, chain, p, nominal, session.fair)]
+        # Entitled where the project itself stays within its fair share; its departments are checked on the
+        # outcome (`valid`), since taking from a sibling leaves their usage as it was.
+        entitled = [p for p in _pools(session, ws) if _within(session, chain[:1], p, nominal, session.fair)]
         if not entitled:
             continue
         key = (ws.queue, ws.w.request, ws.w.pools, ws.w.gpu_models, ws.w.gang_size)
@@ -41,7 +43,7 @@ def reclaim(session: Session) -> None:
             continue
         attempts += 1
         by_quota = {p: _within(session, chain, p, nominal, deserved) for p in entitled}
-        victim_queues, eligible, valid = _rules(session, ws, by_quota)
+        victim_queues, eligible, valid = _rules(session, ws, by_quota, nominal)
         message = f"reclaimed for {ws.w.id} of project {ws.w.project}, which is below its fair share"
         evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
         if evicted is None:
@@ -66,7 +68,7 @@ def _within(session: Session, chain: tuple[int, ...], p: int, nominal: int, boun
 
 
 def _rules(
-    session: Session, ws: WorkloadState, by_quota: dict[int, bool]
+    session: Session, ws: WorkloadState, by_quota: dict[int, bool], nominal: int
 ) -> tuple[list[int], Callable[[WorkloadState], bool], Callable[[], bool]]:
     """Victim queues, the victim test and the final check of one reclaim attempt.
 
@@ -107,9 +109,16 @@ def _rules(
         if q != ws.queue and not tree.children[q] and any(headroom(q, p) > 0 for p in by_quota)
     ]
 
+    # A department of the reclaimer that would grow (the victim is outside it) must have room under its fair
+    # share: taking from a sibling inside it is fine even when it has none.
+    room = {(q, p): state.used[q][p] + nominal <= session.fair[q][p] for q in chain[1:] for p in by_quota}
+
     def eligible(v: WorkloadState) -> bool:
         p = v.pool_idx
         if v.queue == ws.queue or not v.w.preemptible or p not in by_quota or not v.milli:
+            return False
+        theirs = tree.chain[v.queue]
+        if any(not room[(q, p)] for q in chain[1:] if q not in theirs):
             return False
         return v.milli <= headroom(v.queue, p) and past_min_runtime(v, state.now)
 
