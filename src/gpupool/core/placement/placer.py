@@ -158,22 +158,6 @@ class Placer:
             rank = self._ranks[i] = zlib.crc32(f"{self.policy.ctx.seed}:{self.state.nodes[i].name}".encode())
         return rank
 
-    def best_node(
-        self, nodes: list[NodeState], req: Request, pipelined: bool, models: frozenset[str]
-    ) -> tuple[NodeState, tuple[DeviceShare, ...]] | None:
-        """The highest-scoring node for one member, ties to the lowest index."""
-        evaluate = self.policy.evaluate
-        best_key: tuple[float, int] | None = None
-        best: tuple[NodeState, tuple[DeviceShare, ...]] | None = None
-        for node in nodes:
-            found = evaluate(node, req, pipelined, models)
-            if found is None:
-                continue
-            key = (found[1], -node.idx)
-            if best_key is None or key > best_key:
-                best_key, best = key, (node, found[0])
-        return best
-
     def _place_gang(
         self, ws: WorkloadState, rows: IntArray, pipelined: bool, models: frozenset[str]
     ) -> tuple[Placement, ...] | None:
