@@ -25,6 +25,8 @@ def packing(
     jobs: Annotated[int, typer.Option("--jobs", help="Parallel processes (default: all cores).")] = 0,
 ) -> None:
     """The FGD (ATC'23) packing experiment: fill the cluster pod by pod, measure unallocated GPUs."""
+    import json
+
     from gpupool.sim import packing_report as report
     from gpupool.sim.traces import TraceError, load_nodes, load_pods
 
@@ -60,7 +62,7 @@ def packing(
         table = report.comparison_table(report.trace_name(pods), summaries)
         (out / "comparison.md").write_text(table)
         report.plot(list(summaries.values()), out / "comparison.png", f"all policies on {report.trace_name(pods)}")
-        (out / "summary.json").write_text(__import__("json").dumps({"policies": summaries}, indent=1) + "\n")
+        (out / "summary.json").write_text(json.dumps({"policies": summaries}, indent=1) + "\n")
         typer.echo(table)
     else:
         point = summaries[policy]["points"][100]

@@ -11,13 +11,13 @@ import numpy as np
 from gpupool.core import fairshare
 from gpupool.core.config import SchedulerConfig
 from gpupool.core.decision import Bind, Pending, PendingCode, QueueShare
-from gpupool.core.model import MILLI, Request, Snapshot, State
+from gpupool.core.model import MILLI, Snapshot, State
 from gpupool.core.placement import baselines as _baselines  # noqa: F401  (registers the published baselines)
 from gpupool.core.placement import fgd as _fgd  # noqa: F401  (registers the fgd and gpupool policies)
 from gpupool.core.placement.index import IntArray
 from gpupool.core.placement.memo import Memo
 from gpupool.core.placement.placer import Placer
-from gpupool.core.placement.policies import PolicyContext, TypicalMix, make_policy
+from gpupool.core.placement.policies import PolicyContext, TypicalMix, make_policy, popular_shapes
 from gpupool.core.state import NodeState, WorkingState, WorkloadState, build_tree
 
 
@@ -151,18 +151,5 @@ def _fair_shares(state: WorkingState) -> tuple[list[list[int]], list[list[int]]]
 
 
 def derive_mix(snapshot: Snapshot, coverage_pct: int) -> TypicalMix:
-    """The most popular request shapes covering `coverage_pct` of workloads, as FGD defines typical pods."""
-    counts: Counter[Request] = Counter(w.request for w in snapshot.workloads)
-    total = sum(counts.values())
-    mix: list[tuple[Request, int]] = []
-    covered = 0
-    for req, n in sorted(counts.items(), key=lambda kv: (-kv[1], _request_key(kv[0]))):
-        if covered * 100 >= coverage_pct * total:
-            break
-        mix.append((req, n))
-        covered += n
-    return tuple(mix)
-
-
-def _request_key(r: Request) -> tuple[int, ...]:
-    return (r.gpus, r.gpu_milli, r.gpu_memory_mib, r.cpu_milli, r.memory_mib)
+    """The typical mix of the snapshot's own workloads."""
+    return popular_shapes((w.request for w in snapshot.workloads), coverage_pct)

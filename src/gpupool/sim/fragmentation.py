@@ -6,43 +6,22 @@ cluster at once so the simulator can record it at every step.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core import MILLI, Node, Request
-from gpupool.core.placement.policies import TypicalMix
+from gpupool.core import MILLI, Node
+from gpupool.core.placement.policies import TypicalMix, popular_shapes
 from gpupool.sim.traces import Pod
 
 IntMatrix = npt.NDArray[np.int64]
 
 
 def typical_mix(pods: Iterable[Pod], coverage_pct: int = 95) -> TypicalMix:
-    """FGD's typical pods: shapes (CPU, GPU share, GPU count) by popularity until `coverage_pct` of the pods
-    is covered, the shape that crosses the line included. Memory is not part of a shape, as in FGD."""
-    counts = Counter(
-        Request(gpus=p.num_gpu, cpu_milli=p.cpu_milli)
-        if p.num_gpu > 1 or p.gpu_milli == MILLI
-        else Request(gpu_milli=p.gpu_milli, cpu_milli=p.cpu_milli)
-        if p.num_gpu
-        else Request(cpu_milli=p.cpu_milli)
-        for p in pods
-    )
-    total = sum(counts.values())
-    ranked = sorted(
-        counts.items(),
-        key=lambda kv: (-kv[1], -kv[0].cpu_milli, -(kv[0].gpu_milli or 1000 * (kv[0].gpus > 0)), -kv[0].gpus),
-    )
-    mix: list[tuple[Request, int]] = []
-    covered = 0
-    for req, n in ranked:
-        mix.append((req, n))
-        covered += n
-        if covered * 100 >= coverage_pct * total:
-            break
-    return tuple(mix)
+    """FGD's typical pods of a trace. A shape is (CPU, GPU share, GPU count): memory is not part of it."""
+    return popular_shapes((replace(p.request(), memory_mib=0) for p in pods), coverage_pct)
 
 
 class ClusterGpus:

@@ -8,16 +8,43 @@ rule names; the random ones are drawn from the config seed, so a snapshot's deci
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from gpupool.core.model import DeviceShare, Request
+from gpupool.core.model import MILLI, DeviceShare, Request
 from gpupool.core.placement.devices import free_whole_devices, share_candidates, whole_shares
 from gpupool.core.placement.memo import Memo
 from gpupool.core.state import NodeState
 
 TypicalMix = tuple[tuple[Request, int], ...]
 """Typical request shapes with their popularity weights (for fragmentation-aware scoring)."""
+
+
+def popular_shapes(requests: Iterable[Request], coverage_pct: int) -> TypicalMix:
+    """FGD's typical pods: shapes by count, most popular first (ties: the larger shape first, as FGD's
+    simulator orders them) until `coverage_pct` of the requests is covered, the crossing shape included."""
+    counts = Counter(requests)
+    total = sum(counts.values())
+    ranked = sorted(
+        counts.items(),
+        key=lambda kv: (
+            -kv[1],
+            -kv[0].cpu_milli,
+            -(kv[0].gpu_milli or MILLI * (kv[0].gpus > 0)),
+            -kv[0].gpus,
+            -kv[0].gpu_memory_mib,
+            -kv[0].memory_mib,
+        ),
+    )
+    mix: list[tuple[Request, int]] = []
+    covered = 0
+    for req, n in ranked:
+        mix.append((req, n))
+        covered += n
+        if covered * 100 >= coverage_pct * total:
+            break
+    return tuple(mix)
 
 
 @dataclass(frozen=True)
@@ -106,5 +133,3 @@ def make_policy(name: str, ctx: PolicyContext) -> Policy:
 
 def policy_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
-
-
