@@ -1,6 +1,8 @@
-"""The gpupool command line. The control plane arrives with the server issue; for now: help and version."""
+"""The gpupool command line. It talks to the server only through gpupool.client."""
 
 from __future__ import annotations
+
+import sys
 
 import typer
 
@@ -30,8 +32,22 @@ def policies() -> None:
 
 
 def _register() -> None:
-    from gpupool.cli import simulate
+    from gpupool.cli import admin, server_cmd, simulate, workloads
 
+    app.command()(server_cmd.server)
+    app.command()(admin.login)
+    app.command()(admin.whoami)
+    app.add_typer(admin.department_app, name="department")
+    app.add_typer(admin.project_app, name="project")
+    app.add_typer(admin.user_app, name="user")
+    app.command()(workloads.submit)
+    app.command()(workloads.apply)
+    app.command("list")(workloads.list_)
+    app.command()(workloads.describe)
+    app.command()(workloads.logs)
+    app.command()(workloads.cancel)
+    app.command("open")(workloads.open_)
+    app.command()(workloads.nodes)
     app.add_typer(simulate.app, name="simulate")
 
 
@@ -39,4 +55,10 @@ _register()
 
 
 def main() -> None:
-    app()
+    from gpupool.client import ApiError
+
+    try:
+        app()
+    except ApiError as e:
+        print(f"error: {e.reason}" if e.status in (0, 400, 401, 403, 404, 409, 422) else f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -1,0 +1,1 @@
+"""The HTTP API: FastAPI app factory, wire models (schemas), thin routers over gpupool.services."""

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from gpupool.api.deps import CurrentUser, SessionDep
+from gpupool.api.schemas import (
+    DepartmentCreate,
+    ProjectCreate,
+    QueuePublic,
+    QuotaUpdate,
+    UserCreate,
+    UserCreated,
+    UserPublic,
+)
+from gpupool.services import org
+
+router = APIRouter(tags=["organisation"])
+
+
+@router.post("/departments", response_model=QueuePublic, status_code=status.HTTP_201_CREATED)
+def create_department(body: DepartmentCreate, session: SessionDep, who: CurrentUser) -> QueuePublic:
+    return org.create_department(session, who, body)
+
+
+@router.get("/departments", response_model=list[QueuePublic])
+def list_departments(session: SessionDep, who: CurrentUser) -> list[QueuePublic]:
+    return org.list_queues(session, who, "department")
+
+
+@router.post("/projects", response_model=QueuePublic, status_code=status.HTTP_201_CREATED)
+def create_project(body: ProjectCreate, session: SessionDep, who: CurrentUser) -> QueuePublic:
+    return org.create_project(session, who, body)
+
+
+@router.get("/projects", response_model=list[QueuePublic])
+def list_projects(session: SessionDep, who: CurrentUser) -> list[QueuePublic]:
+    return org.list_queues(session, who, "project")
+
+
+@router.patch("/queues/{name}/quota", response_model=QueuePublic)
+def update_quota(name: str, body: QuotaUpdate, session: SessionDep, who: CurrentUser) -> QueuePublic:
+    return org.update_quota(session, who, name, body)
+
+
+@router.post("/users", response_model=UserCreated, status_code=status.HTTP_201_CREATED)
+def create_user(body: UserCreate, session: SessionDep, who: CurrentUser) -> UserCreated:
+    return org.create_user(session, who, body)
+
+
+@router.get("/users", response_model=list[UserPublic])
+def list_users(session: SessionDep, who: CurrentUser) -> list[UserPublic]:
+    return org.list_users(session, who)

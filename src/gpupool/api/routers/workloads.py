@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response
+
+from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
+from gpupool.api.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic, WorkloadState
+from gpupool.services import workloads
+from gpupool.services.errors import Invalid
+
+router = APIRouter(tags=["workloads"])
+ProjectQ = Annotated[str | None, Query(max_length=63)]
+
+
+@router.post("/workloads", response_model=WorkloadPublic, status_code=201)
+def submit_workload(
+    body: WorkloadCreate,
+    response: Response,
+    session: SessionDep,
+    ctx: ContextDep,
+    who: CurrentUser,
+    idempotency_key: Annotated[str | None, Header()] = None,
+) -> WorkloadPublic:
+    overrides = ctx.settings.min_runtime_s or {}
+    out, created = workloads.submit(
+        session,
+        who,
+        body,
+        default_grace_s=ctx.settings.grace_s,
+        min_runtime_s=overrides,
+        notebooks=ctx.backend.capabilities().notebooks,
+        idempotency_key=idempotency_key,
+    )
+    if created:
+        ctx.controller.wake()
+    else:
+        response.status_code = 200
+    return out
+
+
+@router.get("/workloads", response_model=Page[WorkloadPublic])
+def list_workloads(
+    session: SessionDep,
+    who: CurrentUser,
+    project: ProjectQ = None,
+    state: WorkloadState | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=32)] = None,
+) -> Page[WorkloadPublic]:
+    return workloads.list_workloads(session, who, project=project, state=state, limit=limit, cursor=cursor)
+
+
+@router.get("/workloads/{ref}", response_model=WorkloadDetail)
+def describe_workload(
+    ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
+) -> WorkloadDetail:
+    return workloads.describe(session, who, ref, project, host=ctx.settings.host)
+
+
+@router.post("/workloads/{ref}/cancel", response_model=WorkloadPublic)
+def cancel_workload(
+    ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
+) -> WorkloadPublic:
+    with ctx.controller.lock:
+        out = workloads.cancel(session, who, ref, project)
+    ctx.controller.wake()
+    return out
+
+
+@router.get("/workloads/{ref}/logs", response_class=Response)
+def workload_logs(
+    ref: str,
+    session: SessionDep,
+    ctx: ContextDep,
+    who: CurrentUser,
+    project: ProjectQ = None,
+    rank: Annotated[int, Query(ge=0, le=1024)] = 0,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=4 * 1024 * 1024)] = 1024 * 1024,
+) -> Response:
+    """Bytes of a member's log from `offset`; X-Next-Offset says where to continue, X-Workload-State whether
+    more may come."""
+    row = workloads.find(session, who, ref, project)
+    if rank >= row.workers:
+        raise Invalid(f"{row.name!r} has {row.workers} member(s); rank {rank} does not exist")
+    path = ctx.backend.log_path(row.id, rank)
+    data = b""
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(limit)
+    headers = {"X-Next-Offset": str(offset + len(data)), "X-Workload-State": row.state}
+    return Response(data, media_type="text/plain; charset=utf-8", headers=headers)

@@ -1,0 +1,204 @@
+"""Wire models: what the API accepts and returns. They refuse unknown fields; limits are declared once, here.
+
+The client and the CLI import these too, so this module depends on pydantic only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Generic, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS = re.compile(DNS_LABEL)
+
+
+def _dns_safe(value: str) -> str:
+    if not _DNS.match(value):
+        raise ValueError(
+            f"{value[:80]!r} is not a DNS-safe name: use 1-63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+Name = Annotated[str, AfterValidator(_dns_safe)]
+Role = Literal["admin", "member", "viewer"]
+WorkloadType = Literal["notebook", "training", "inference", "batch"]
+WorkloadState = Literal["pending", "starting", "running", "succeeded", "failed", "cancelled", "preempted", "suspended"]
+T = TypeVar("T")
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class QuotaIn(Wire):
+    pool: Name = "default"
+    deserved_gpus: float = Field(0, ge=0, le=1_000_000)
+    limit_gpus: float | None = Field(None, ge=0, le=1_000_000)
+    weight: int = Field(1, ge=0, le=1000)
+
+
+class DepartmentCreate(QuotaIn):
+    name: Name
+
+
+class ProjectCreate(QuotaIn):
+    name: Name
+    department: Name | None = None
+    strict_fifo: bool = False
+
+
+class QuotaUpdate(Wire):
+    pool: Name = "default"
+    deserved_gpus: float | None = Field(None, ge=0, le=1_000_000)
+    limit_gpus: float | None = Field(None, ge=0, le=1_000_000)
+    clear_limit: bool = False
+    weight: int | None = Field(None, ge=0, le=1000)
+
+
+class QuotaPublic(Wire):
+    pool: str
+    deserved_gpus: float
+    limit_gpus: float | None
+    weight: int
+
+
+class QueuePublic(Wire):
+    name: str
+    kind: Literal["department", "project"]
+    parent: str | None
+    quotas: list[QuotaPublic]
+    strict_fifo: bool = False
+    allocated_gpus: float = 0
+    """GPUs its running workloads hold now (all pools)."""
+
+
+class UserCreate(Wire):
+    name: Name
+    role: Role = "member"
+    projects: list[str] = Field(default_factory=list, max_length=100)
+
+
+class UserPublic(Wire):
+    name: str
+    role: Role
+    projects: list[str]
+
+
+class UserCreated(UserPublic):
+    token: str
+    """Shown once; the server keeps only its hash."""
+
+
+class WorkloadCreate(Wire):
+    project: Name
+    name: Name | None = None
+    type: WorkloadType = "training"
+    gpu: float | None = Field(None, description="A fraction of one GPU, 0 < f < 1.")
+    gpus: int | None = Field(None, ge=0, le=1024)
+    gpu_memory: str | None = Field(None, max_length=32, description="Memory of one GPU, like 20GiB or 512MiB.")
+    cpu: float | None = Field(None, ge=0, le=100_000, description="CPU cores per member.")
+    memory: str | None = Field(None, max_length=32, description="Host memory per member, like 8GiB.")
+    workers: int = Field(1, ge=1, le=256)
+    priority: str | None = Field(None, max_length=63)
+    preemptible: bool | None = None
+    port: int | None = Field(None, ge=1024, le=65535)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    command: list[str] = Field(default_factory=list, max_length=1024)
+    grace_s: float | None = Field(None, ge=0, le=3600)
+    pools: list[str] = Field(default_factory=list, max_length=16)
+
+
+class DevicePublic(Wire):
+    index: int
+    milli: int
+    memory_mib: int
+
+
+class AllocationPublic(Wire):
+    member: int
+    node: str
+    devices: list[DevicePublic]
+    state: str
+    port: int | None
+
+
+class EventPublic(Wire):
+    at: float
+    state: str
+    reason: str
+
+
+class WorkloadPublic(Wire):
+    id: int
+    name: str
+    project: str
+    type: WorkloadType
+    priority: str
+    preemptible: bool
+    state: WorkloadState
+    reason: str
+    reason_code: str | None
+    node: str | None
+    devices: list[int]
+    gpu_request: str
+    gpus: int
+    gpu_milli: int
+    gpu_memory_mib: int
+    workers: int
+    attempt: int
+    exit_code: int | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+
+
+class WorkloadDetail(WorkloadPublic):
+    command: list[str]
+    env: dict[str, str]
+    port: int | None
+    grace_s: float
+    fraction: Literal["enforced", "advisory"] | None
+    """For fractional GPUs: whether the limit is enforced (CUDA MPS) or advisory (environment only)."""
+    url: str | None
+    token: str | None
+    """A notebook's token; shown only to members of its project."""
+    allocations: list[AllocationPublic]
+    events: list[EventPublic]
+
+
+class Page(Wire, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = None
+
+
+class DeviceUsage(Wire):
+    index: int
+    model: str
+    memory_mib: int
+    allocated_milli: int
+    workloads: list[str]
+
+
+class NodePublic(Wire):
+    name: str
+    pool: str
+    backend: str
+    schedulable: bool
+    cpu_milli: int
+    memory_mib: int
+    devices: list[DeviceUsage]
+
+
+class WhoAmI(Wire):
+    name: str
+    role: Role
+    projects: list[str]
+
+
+class Health(Wire):
+    status: Literal["ok"]
+    version: str

@@ -1,0 +1,73 @@
+"""The backend interface: inventory, launch, stop, observe. The control loop is the only caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpupool.core import Node
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceGrant:
+    index: int
+    milli: int
+    memory_mib: int
+    model: str
+    device_memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """One member of one attempt of a workload. `alloc_id` keys the launch: launching it twice starts it once."""
+
+    alloc_id: str
+    workload_id: int
+    workload_name: str
+    project: str
+    kind: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    devices: tuple[DeviceGrant, ...] = ()
+    rank: int = 0
+    world_size: int = 1
+    master_port: int | None = None
+    port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    alloc_id: str
+    alive: bool
+    exit_code: int | None = None
+    """None while alive, or when it vanished without saying (killed, lost)."""
+    enforced: bool = False
+    """Whether a fractional limit is enforced (MPS) rather than advisory."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    name: str
+    fractions_enforced: bool = False
+    notebooks: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    def inventory(self) -> list[Node]: ...
+
+    def capabilities(self) -> Capabilities: ...
+
+    def launch(self, spec: LaunchSpec) -> None:
+        """Start the member unless a launch with this alloc_id already exists. Never blocks on the workload."""
+
+    def stop(self, alloc_id: str, force: bool) -> None:
+        """Ask it to stop (SIGTERM to the whole member), or force it (SIGKILL). The caller keeps the grace clock."""
+
+    def observe(self) -> dict[str, Observed]:
+        """What runs, and what ended with which exit code, for every launch the backend knows."""
+
+    def forget(self, alloc_id: str) -> None:
+        """Drop the record of an ended launch."""
+
+    def log_path(self, workload_id: int, rank: int) -> str: ...

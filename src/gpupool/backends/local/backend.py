@@ -1,0 +1,240 @@
+"""Workload members as process groups on this host, re-adoptable after a server restart.
+
+Each launch leaves a record in `<data>/run/<alloc id>.json`; a small `sh` wrapper writes the member's exit
+status to `<alloc id>.exit`, so an exit is known even if it happened while the server was down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpupool.backends.base import Capabilities, LaunchSpec, Observed
+from gpupool.backends.local.gpus import Discovered
+from gpupool.backends.local.mps import MpsDaemon, mps_env
+from gpupool.core import Node
+
+# "$1" is the exit file; the rest is the member's argv, run without any shell interpretation of its words.
+_WRAPPER = 'f=$1; shift; "$@"; rc=$?; printf "%s" "$rc" > "$f.tmp" && mv "$f.tmp" "$f"; exit $rc'
+_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM")
+
+
+@dataclass(slots=True)
+class _Run:
+    alloc_id: str
+    pid: int
+    start_ticks: int
+    enforced: bool
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _meminfo_mib() -> int:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+class LocalBackend:
+    def __init__(
+        self,
+        data_dir: Path,
+        node_name: str,
+        pool: str,
+        gpus: Discovered,
+        on_exit: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.node_name = node_name
+        self.pool = pool
+        self.gpus = gpus
+        self._on_exit = on_exit
+        self._run_dir = data_dir / "run"
+        self._run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._runs: dict[str, _Run] = {}
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._mps: MpsDaemon | None = None
+        if not gpus.simulated and shutil.which("nvidia-cuda-mps-control"):
+            self._mps = MpsDaemon(data_dir / "mps")
+        self._adopt()
+
+    # -- what the host has ---------------------------------------------------------------------------------
+    def inventory(self) -> list[Node]:
+        cpu = (os.cpu_count() or 1) * 1000
+        return [Node(self.node_name, self.pool, cpu, _meminfo_mib(), self.gpus.devices)]
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            "local",
+            fractions_enforced=self._mps is not None,
+            notebooks=shutil.which("jupyter") is not None or _has_module("jupyterlab"),
+            extra={"gpus": "simulated" if self.gpus.simulated else "nvml"},
+        )
+
+    def log_path(self, workload_id: int, rank: int) -> str:
+        return str(self.data_dir / "logs" / str(workload_id) / f"rank-{rank}.log")
+
+    def workdir(self, workload_id: int) -> Path:
+        return self.data_dir / "workloads" / str(workload_id)
+
+    # -- launch, stop, observe -----------------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec) -> None:
+        with self._lock:
+            if spec.alloc_id in self._runs or self._record(spec.alloc_id).exists():
+                return
+            workdir = self.workdir(spec.workload_id)
+            workdir.mkdir(parents=True, exist_ok=True)
+            log = Path(self.log_path(spec.workload_id, spec.rank))
+            log.parent.mkdir(parents=True, exist_ok=True)
+            env, enforced = self._environment(spec, workdir)
+            exit_file = self._run_dir / f"{spec.alloc_id}.exit"
+            with contextlib.suppress(FileNotFoundError):
+                exit_file.unlink()
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", _WRAPPER, "gpupool-run", str(exit_file), *spec.argv],
+                    cwd=workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            run = _Run(spec.alloc_id, proc.pid, _start_ticks(proc.pid) or 0, enforced)
+            self._runs[spec.alloc_id] = run
+            self._children[spec.alloc_id] = proc
+            tmp = self._record(spec.alloc_id).with_suffix(".tmp")
+            tmp.write_text(json.dumps({"pid": run.pid, "start_ticks": run.start_ticks, "enforced": enforced}))
+            tmp.replace(self._record(spec.alloc_id))
+        threading.Thread(target=self._reap, args=(proc,), daemon=True, name=f"reap-{spec.alloc_id}").start()
+
+    def stop(self, alloc_id: str, force: bool) -> None:
+        with self._lock:
+            run = self._runs.get(alloc_id)
+        if run is not None and self._alive(run):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.pid, signal.SIGKILL if force else signal.SIGTERM)
+
+    def observe(self) -> dict[str, Observed]:
+        with self._lock:
+            runs = list(self._runs.values())
+        seen: dict[str, Observed] = {}
+        for run in runs:
+            if self._alive(run):
+                seen[run.alloc_id] = Observed(run.alloc_id, True, enforced=run.enforced)
+                continue
+            exit_file = self._run_dir / f"{run.alloc_id}.exit"
+            code: int | None = None
+            with contextlib.suppress(OSError, ValueError):
+                code = int(exit_file.read_text())
+            # Whatever the member left behind in its group goes with it, so its devices are really free.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.pid, signal.SIGKILL)
+            seen[run.alloc_id] = Observed(run.alloc_id, False, code, run.enforced)
+        return seen
+
+    def forget(self, alloc_id: str) -> None:
+        with self._lock:
+            self._runs.pop(alloc_id, None)
+            self._children.pop(alloc_id, None)
+        for suffix in (".json", ".exit"):
+            with contextlib.suppress(FileNotFoundError):
+                (self._run_dir / f"{alloc_id}{suffix}").unlink()
+
+    # -- internals -----------------------------------------------------------------------------------------
+    def _record(self, alloc_id: str) -> Path:
+        return self._run_dir / f"{alloc_id}.json"
+
+    def _alive(self, run: _Run) -> bool:
+        child = self._children.get(run.alloc_id)
+        if child is not None:
+            return child.poll() is None
+        ticks = _start_ticks(run.pid)
+        return ticks is not None and ticks == run.start_ticks and not _zombie(run.pid)
+
+    def _adopt(self) -> None:
+        """Take back the records of launches made before a restart; their processes kept running."""
+        for rec in sorted(self._run_dir.glob("*.json")):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                data = json.loads(rec.read_text())
+                self._runs[rec.stem] = _Run(rec.stem, int(data["pid"]), int(data["start_ticks"]), data["enforced"])
+
+    def _reap(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
+        self._on_exit()
+
+    def _environment(self, spec: LaunchSpec, workdir: Path) -> tuple[dict[str, str], bool]:
+        # A clean environment: the server's own secrets (database URL, tokens) never reach a workload.
+        env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+        env.update(spec.env)
+        visible = ",".join(str(d.index) for d in spec.devices)
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": visible,
+                "NVIDIA_VISIBLE_DEVICES": ",".join(self.gpus.uuids[d.index] for d in spec.devices) or "none",
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "GPUPOOL_WORKLOAD": spec.workload_name,
+                "GPUPOOL_PROJECT": spec.project,
+                "GPUPOOL_ALLOCATION": spec.alloc_id,
+                "GPUPOOL_WORKDIR": str(workdir),
+            }
+        )
+        if spec.port is not None:
+            env["PORT"] = str(spec.port)
+        if spec.master_port is not None:
+            # What torchrun sets, so unmodified DDP scripts work; every member is on this host.
+            env.update(
+                {
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(spec.master_port),
+                    "WORLD_SIZE": str(spec.world_size),
+                    "RANK": str(spec.rank),
+                    "LOCAL_RANK": str(spec.rank),
+                    "LOCAL_WORLD_SIZE": str(spec.world_size),
+                    "GROUP_RANK": "0",
+                    "ROLE_RANK": str(spec.rank),
+                    "ROLE_WORLD_SIZE": str(spec.world_size),
+                }
+            )
+        enforced = False
+        fraction = [d for d in spec.devices if d.milli < 1000]
+        if fraction:
+            d = fraction[0]
+            env["GPUPOOL_GPU_FRACTION"] = f"{d.milli / 1000:.3f}"
+            env["GPUPOOL_GPU_MEMORY_LIMIT_MIB"] = str(d.memory_mib)
+            if self._mps is not None and self._mps.ensure():
+                env.update(mps_env(self._mps, d.milli, d.memory_mib))
+                enforced = True
+        return env, enforced
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None

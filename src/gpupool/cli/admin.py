@@ -1,0 +1,168 @@
+"""Connecting, and managing departments, projects, quotas and users."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpupool.api.schemas import DepartmentCreate, ProjectCreate, QueuePublic, QuotaUpdate, UserCreate
+from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, save_config
+from gpupool.client import ApiError, Client
+
+department_app = typer.Typer(help="Departments: groups of projects with a quota of their own.", no_args_is_help=True)
+project_app = typer.Typer(help="Projects: where workloads live, each with a quota.", no_args_is_help=True)
+user_app = typer.Typer(help="Users and their tokens (admins only).", no_args_is_help=True)
+
+Deserved = Annotated[float, typer.Option("--deserved-gpus", help="GPUs guaranteed (fractions allowed).", min=0)]
+Limit = Annotated[float | None, typer.Option("--limit-gpus", help="Hard cap on GPUs (default: none).", min=0)]
+Weight = Annotated[int, typer.Option("--weight", help="Share of idle GPUs it may borrow, relative to others.", min=0)]
+Pool = Annotated[str, typer.Option("--pool", help="The pool (node group) these GPUs are in.")]
+
+
+def login(
+    url: Annotated[str, typer.Option("--url", help="The server, e.g. http://127.0.0.1:8470")],
+    token: Annotated[str, typer.Option("--token", help="Your token (the admin's is in <data-dir>/admin-token).")],
+) -> None:
+    """Save the server and token for later commands (mode 600)."""
+    with Client(url, token) as c:
+        me = c.whoami()
+    cfg = load_config()
+    cfg.update({"url": url, "token": token})
+    path = save_config(cfg)
+    print(f"logged in to {url} as {me.name} ({me.role}); saved in {path}")
+
+
+def whoami(output: Output = OutputOpt) -> None:
+    """Who the saved token belongs to."""
+    with client() as c:
+        me = c.whoami()
+    if output is Output.json:
+        emit_json(me)
+    else:
+        print(f"{me.name} ({me.role}); projects: {', '.join(me.projects) or 'none'}")
+
+
+def _queues_table(rows: list[QueuePublic], title: str) -> None:
+    table = Table(title=title)
+    for col in ("NAME", "DEPARTMENT", "POOL", "DESERVED", "LIMIT", "WEIGHT", "ALLOCATED"):
+        table.add_column(col)
+    for q in rows:
+        for quota in q.quotas or []:
+            limit = "-" if quota.limit_gpus is None else f"{quota.limit_gpus:g}"
+            table.add_row(
+                q.name, q.parent or "-", quota.pool, f"{quota.deserved_gpus:g}", limit, str(quota.weight),
+                f"{q.allocated_gpus:g}",
+            )  # fmt: skip
+    Console().print(table)
+
+
+@department_app.command("create")
+def department_create(
+    name: str,
+    deserved: Deserved = 0,
+    limit: Limit = None,
+    weight: Weight = 1,
+    pool: Pool = "default",
+    output: Output = OutputOpt,
+) -> None:
+    """Create a department."""
+    with client() as c:
+        q = c.create_department(
+            DepartmentCreate(name=name, deserved_gpus=deserved, limit_gpus=limit, weight=weight, pool=pool)
+        )
+    emit_json(q) if output is Output.json else print(f"department {q.name} created")
+
+
+@department_app.command("list")
+def department_list(output: Output = OutputOpt) -> None:
+    """List departments and their quotas."""
+    with client() as c:
+        rows = c.list_departments()
+    emit_json(rows) if output is Output.json else _queues_table(rows, "departments")
+
+
+@project_app.command("create")
+def project_create(
+    name: str,
+    department: Annotated[str | None, typer.Option("--department", help="The department it belongs to.")] = None,
+    deserved: Deserved = 0,
+    limit: Limit = None,
+    weight: Weight = 1,
+    pool: Pool = "default",
+    output: Output = OutputOpt,
+) -> None:
+    """Create a project."""
+    body = ProjectCreate(
+        name=name, department=department, deserved_gpus=deserved, limit_gpus=limit, weight=weight, pool=pool
+    )
+    with client() as c:
+        q = c.create_project(body)
+    emit_json(q) if output is Output.json else print(f"project {q.name} created")
+
+
+@project_app.command("list")
+def project_list(output: Output = OutputOpt) -> None:
+    """List the projects you can see, their quotas and what they hold now."""
+    with client() as c:
+        rows = c.list_projects()
+    emit_json(rows) if output is Output.json else _queues_table(rows, "projects")
+
+
+@project_app.command("quota")
+def project_quota(
+    name: str,
+    deserved: Annotated[float | None, typer.Option("--deserved-gpus", min=0)] = None,
+    limit: Limit = None,
+    no_limit: Annotated[bool, typer.Option("--no-limit", help="Remove the hard cap.")] = False,
+    weight: Annotated[int | None, typer.Option("--weight", min=0)] = None,
+    pool: Pool = "default",
+    output: Output = OutputOpt,
+) -> None:
+    """Change a project's (or department's) quota in one pool."""
+    body = QuotaUpdate(pool=pool, deserved_gpus=deserved, limit_gpus=limit, clear_limit=no_limit, weight=weight)
+    with client() as c:
+        q = c.update_quota(name, body)
+    emit_json(q) if output is Output.json else print(f"quota of {q.name} updated")
+
+
+@user_app.command("create")
+def user_create(
+    name: str,
+    role: Annotated[str, typer.Option("--role", help="admin, member or viewer.")] = "member",
+    projects: Annotated[
+        list[str] | None, typer.Option("--project", help="A project it belongs to (repeatable).")
+    ] = None,
+    output: Output = OutputOpt,
+) -> None:
+    """Create a user and print its token (shown once)."""
+    if role not in ("admin", "member", "viewer"):
+        fail(f"--role {role!r}: expected admin, member or viewer", 2)
+    with client() as c:
+        u = c.create_user(UserCreate(name=name, role=role, projects=projects or []))  # type: ignore[arg-type]
+    if output is Output.json:
+        emit_json(u)
+    else:
+        print(f"user {u.name} ({u.role}) created; projects: {', '.join(u.projects) or 'none'}")
+        print(f"token (shown once): {u.token}")
+
+
+@user_app.command("list")
+def user_list(output: Output = OutputOpt) -> None:
+    """List users, their roles and projects."""
+    with client() as c:
+        rows = c.list_users()
+    if output is Output.json:
+        emit_json(rows)
+        return
+    table = Table(title="users")
+    for col in ("NAME", "ROLE", "PROJECTS"):
+        table.add_column(col)
+    for u in rows:
+        table.add_row(u.name, u.role, ", ".join(u.projects) or "-")
+    Console().print(table)
+
+
+__all__ = ["ApiError", "department_app", "login", "project_app", "user_app", "whoami"]

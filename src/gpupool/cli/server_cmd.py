@@ -1,0 +1,48 @@
+"""`gpupool server`: everything on embedded defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from gpupool.backends.local import GpuSpecError
+from gpupool.cli.connection import fail
+from gpupool.settings import Settings, default_data_dir
+
+
+def server(
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Store, logs and workdirs.")] = None,
+    db: Annotated[str | None, typer.Option("--db", help="postgresql://... (default: SQLite in the data dir).")] = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8470,
+    gpus: Annotated[str, typer.Option("--gpus", help="auto, nvml, or fake:<count>x<model>-<memory GB>[,...]")] = "auto",
+    pool: Annotated[str, typer.Option("--pool", help="The pool this host's GPUs belong to.")] = "default",
+    interval: Annotated[float, typer.Option("--interval", help="Longest seconds between scheduling cycles.")] = 2.0,
+    grace: Annotated[float, typer.Option("--grace", help="Default seconds from SIGTERM to SIGKILL.")] = 30.0,
+    min_runtime: Annotated[
+        list[str] | None, typer.Option("--min-runtime", help="CLASS=SECONDS, overriding a class's minimum runtime.")
+    ] = None,
+) -> None:
+    """Start gpupool: API on 127.0.0.1:8470, scheduler, local backend, SQLite store."""
+    from gpupool.server import serve
+
+    overrides: dict[str, float] = {}
+    for item in min_runtime or []:
+        klass, _, seconds = item.partition("=")
+        try:
+            overrides[klass] = float(seconds)
+        except ValueError:
+            fail(f"--min-runtime {item!r}: expected CLASS=SECONDS", 2)
+    if db is not None and not db.startswith(("postgresql://", "postgresql+psycopg://", "sqlite:///")):
+        fail(f"--db {db!r}: expected postgresql://user@host/dbname or sqlite:///path", 2)
+    try:
+        settings = Settings(
+            data_dir=data_dir or default_data_dir(), db_url=db, host=host, port=port, gpus=gpus, pool=pool,
+            interval_s=interval, grace_s=grace, min_runtime_s=overrides or None,
+        )  # fmt: skip
+        serve(settings)
+    except (ValidationError, GpuSpecError) as e:
+        fail(str(e), 2)

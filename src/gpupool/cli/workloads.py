@@ -1,0 +1,219 @@
+"""Submitting and following workloads, and the GPU map."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from gpupool.api.schemas import WorkloadCreate, WorkloadDetail
+from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config
+from gpupool.client import Client
+
+ProjectOpt = Annotated[str | None, typer.Option("-p", "--project", help="The project (default: your only one).")]
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def _project(c: Client, project: str | None) -> str:
+    if project:
+        return project
+    if load_config().get("project"):
+        return str(load_config()["project"])
+    mine = c.whoami().projects
+    if len(mine) == 1:
+        return mine[0]
+    fail("say which project with -p PROJECT" + (f" (yours: {', '.join(mine)})" if mine else ""), 2)
+
+
+def _validation(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'workload'}: {err['msg']}" for err in e.errors())
+
+
+def _submitted(w: Any, output: Output) -> None:
+    if output is Output.json:
+        emit_json(w)
+    else:
+        print(f"workload {w.name} submitted to {w.project} ({w.type}, {w.gpu_request}, {w.priority}): {w.state}")
+
+
+def submit(
+    command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
+    project: ProjectOpt = None,
+    name: Annotated[str | None, typer.Option("--name", help="A DNS-safe name (default: generated).")] = None,
+    type_: Annotated[str, typer.Option("--type", help="notebook, training, inference or batch.")] = "training",
+    gpu: Annotated[float | None, typer.Option("--gpu", help="A fraction of one GPU, e.g. 0.25.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="Whole GPUs (per worker).")] = None,
+    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="GPU memory, e.g. 20GiB.")] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Gang members, started all at once.")] = 1,
+    priority: Annotated[
+        str | None, typer.Option("--priority", help="production, training, interactive, batch.")
+    ] = None,
+    preemptible: Annotated[bool | None, typer.Option("--preemptible/--no-preemptible")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="The port a notebook or service listens on.")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="K=V (repeatable).")] = None,
+    grace: Annotated[float | None, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Retry-safe submit.")] = None,
+    output: Output = OutputOpt,
+) -> None:
+    """Submit a workload: `gpupool submit -p vision --gpus 2 -- python train.py`."""
+    pairs: dict[str, str] = {}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            fail(f"--env {item!r}: expected KEY=VALUE", 2)
+        pairs[key] = value
+    with client() as c:
+        fields: dict[str, Any] = {
+            "project": _project(c, project), "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
+            "gpu_memory": gpu_memory, "workers": workers, "priority": priority, "preemptible": preemptible,
+            "port": port, "env": pairs, "command": list(command or []), "grace_s": grace,
+        }  # fmt: skip
+        try:
+            body = WorkloadCreate.model_validate(fields)
+        except ValidationError as e:
+            fail(_validation(e), 2)
+        _submitted(c.submit(body, idempotency_key), output)
+
+
+def apply(
+    file: Annotated[Path, typer.Option("-f", "--file", help="A workload in YAML (the fields of submit).")],
+    output: Output = OutputOpt,
+) -> None:
+    """Submit the workload described in a YAML file."""
+    try:
+        data = yaml.safe_load(file.read_text() if str(file) != "-" else sys.stdin.read())
+    except OSError as e:
+        fail(f"cannot read {file}: {e.strerror}", 2)
+    except yaml.YAMLError as e:
+        fail(f"{file} is not valid YAML: {str(e).splitlines()[0]}", 2)
+    if not isinstance(data, dict):
+        fail(f"{file}: expected a mapping of workload fields (project, name, type, gpus, command, ...)", 2)
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    with client() as c:
+        data.setdefault("project", _project(c, None))
+        try:
+            body = WorkloadCreate.model_validate(data)
+        except ValidationError as e:
+            fail(f"{file}: {_validation(e)}", 2)
+        _submitted(c.submit(body, data.get("idempotency_key")), output)
+
+
+def _age(since: float) -> str:
+    s = max(0, int(time.time() - since))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def list_(
+    project: ProjectOpt = None,
+    state: Annotated[str | None, typer.Option("--state", help="Only workloads in this state.")] = None,
+    output: Output = OutputOpt,
+) -> None:
+    """List workloads you can see, newest first."""
+    with client() as c:
+        rows = c.list_workloads(project, state)
+    if output is Output.json:
+        emit_json(rows)
+        return
+    table = Table()
+    for col in ("NAME", "PROJECT", "TYPE", "PRIORITY", "STATE", "GPUS", "NODE/DEVICES", "AGE"):
+        table.add_column(col)
+    for w in rows:
+        where = f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-"
+        table.add_row(w.name, w.project, w.type, w.priority, w.state, w.gpu_request, where, _age(w.created_at))
+    Console().print(table)
+
+
+def _describe_text(d: WorkloadDetail) -> None:
+    fmt = "%Y-%m-%d %H:%M:%S"
+    print(f"Name:        {d.name}  (id {d.id})")
+    print(f"Project:     {d.project}")
+    print(f"Type:        {d.type}, priority {d.priority}, {'preemptible' if d.preemptible else 'not preemptible'}")
+    print(f"State:       {d.state}" + (f" (attempt {d.attempt + 1})" if d.attempt else ""))
+    print(f"Reason:      {d.reason}" + (f" [{d.reason_code}]" if d.reason_code else ""))
+    print(f"GPUs:        {d.gpu_request}" + (f" (fraction {d.fraction})" if d.fraction else ""))
+    for a in d.allocations:
+        devs = ", ".join(f"{x.index} ({x.milli / 1000:g})" for x in a.devices) or "none"
+        print(f"Member {a.member}:    {a.node}, devices {devs}, {a.state}" + (f", port {a.port}" if a.port else ""))
+    if d.command:
+        print(f"Command:     {' '.join(d.command)}")
+    if d.url:
+        print(f"URL:         {d.url}")
+    if d.exit_code is not None:
+        print(f"Exit code:   {d.exit_code}")
+    print("Events:")
+    for e in d.events:
+        print(f"  {time.strftime(fmt, time.localtime(e.at))}  {e.state:<10} {e.reason}")
+
+
+def describe(name: str, project: ProjectOpt = None, output: Output = OutputOpt) -> None:
+    """Everything about one workload, including why it is pending."""
+    with client() as c:
+        d = c.describe(name, project)
+    emit_json(d) if output is Output.json else _describe_text(d)
+
+
+def logs(
+    name: str,
+    project: ProjectOpt = None,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep streaming until it ends.")] = False,
+    rank: Annotated[int, typer.Option("--rank", help="Which gang member.")] = 0,
+) -> None:
+    """Print a workload's output."""
+    offset = 0
+    out = sys.stdout.buffer
+    with client() as c:
+        while True:
+            data, offset, state = c.logs(name, project, rank, offset)
+            out.write(data)
+            out.flush()
+            if not follow or (state in TERMINAL and not data):
+                return
+            if not data:
+                time.sleep(0.5)  # polling a remote log; not synchronisation
+
+
+def cancel(name: str, project: ProjectOpt = None, output: Output = OutputOpt) -> None:
+    """Cancel a workload: pending ones at once, running ones after SIGTERM and their grace period."""
+    with client() as c:
+        w = c.cancel(name, project)
+    emit_json(w) if output is Output.json else print(f"workload {w.name}: {w.state} ({w.reason})")
+
+
+def open_(name: str, project: ProjectOpt = None) -> None:
+    """Print the URL of a notebook or inference endpoint."""
+    with client() as c:
+        d = c.describe(name, project)
+    if d.type not in ("notebook", "inference"):
+        fail(f"{d.name} is a {d.type} workload; only notebooks and inference services have a URL")
+    if not d.url:
+        fail(f"{d.name} is {d.state}: it has no URL until it runs ({d.reason})")
+    print(d.url)
+
+
+def nodes(output: Output = OutputOpt) -> None:
+    """The GPU map: every device, its model, how much is allocated and to what."""
+    with client() as c:
+        rows = c.nodes()
+    if output is Output.json:
+        emit_json(rows)
+        return
+    table = Table(title="GPUs")
+    for col in ("NODE", "POOL", "DEVICE", "MODEL", "MEMORY", "ALLOCATED", "WORKLOADS"):
+        table.add_column(col)
+    for n in rows:
+        for d in n.devices:
+            table.add_row(
+                n.name, n.pool, str(d.index), d.model, f"{d.memory_mib // 1024} GiB", f"{d.allocated_milli / 1000:g}",
+                ", ".join(d.workloads) or "-",
+            )  # fmt: skip
+    Console().print(table)

@@ -1,0 +1,155 @@
+"""httpx under, wire models over. Errors come back as ApiError with the server's reason."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from gpupool.api.schemas import (
+    DepartmentCreate,
+    Health,
+    NodePublic,
+    Page,
+    ProjectCreate,
+    QueuePublic,
+    QuotaUpdate,
+    UserCreate,
+    UserCreated,
+    UserPublic,
+    WhoAmI,
+    WorkloadCreate,
+    WorkloadDetail,
+    WorkloadPublic,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+def _reason(resp: httpx.Response) -> str:
+    try:
+        detail = resp.json().get("detail")
+    except ValueError:
+        return resp.text or resp.reason_phrase
+    if isinstance(detail, list):  # pydantic's validation errors: say which field and why
+        parts = []
+        for err in detail:
+            loc = ".".join(str(x) for x in err.get("loc", ())[1:]) or "body"
+            parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+        return "; ".join(parts)
+    return str(detail)
+
+
+class Client:
+    def __init__(
+        self, url: str, token: str | None, *, timeout: float = 30.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise ApiError(0, f"cannot reach gpupool at {self.url}: {e}") from None
+        if resp.status_code >= 400:
+            raise ApiError(resp.status_code, _reason(resp))
+        return resp
+
+    def _get(self, model: type[M], path: str, **kw: Any) -> M:
+        return model.model_validate(self._call("GET", path, **kw).json())
+
+    def _list(self, model: type[M], path: str, **kw: Any) -> list[M]:
+        return TypeAdapter(list[model]).validate_python(self._call("GET", path, **kw).json())  # type: ignore[valid-type]
+
+    def _send(self, model: type[M], method: str, path: str, body: BaseModel | None = None, **kw: Any) -> M:
+        if body is not None:
+            kw["json"] = body.model_dump(mode="json", exclude_none=True)
+        return model.model_validate(self._call(method, path, **kw).json())
+
+    # -- system ---------------------------------------------------------------------------------------------
+    def health(self) -> Health:
+        return self._get(Health, "/healthz")
+
+    def whoami(self) -> WhoAmI:
+        return self._get(WhoAmI, "/api/v1/whoami")
+
+    def metrics(self) -> str:
+        return self._call("GET", "/metrics").text
+
+    # -- organisation ---------------------------------------------------------------------------------------
+    def create_department(self, body: DepartmentCreate) -> QueuePublic:
+        return self._send(QueuePublic, "POST", "/api/v1/departments", body)
+
+    def list_departments(self) -> list[QueuePublic]:
+        return self._list(QueuePublic, "/api/v1/departments")
+
+    def create_project(self, body: ProjectCreate) -> QueuePublic:
+        return self._send(QueuePublic, "POST", "/api/v1/projects", body)
+
+    def list_projects(self) -> list[QueuePublic]:
+        return self._list(QueuePublic, "/api/v1/projects")
+
+    def update_quota(self, name: str, body: QuotaUpdate) -> QueuePublic:
+        return self._send(QueuePublic, "PATCH", f"/api/v1/queues/{name}/quota", body)
+
+    def create_user(self, body: UserCreate) -> UserCreated:
+        return self._send(UserCreated, "POST", "/api/v1/users", body)
+
+    def list_users(self) -> list[UserPublic]:
+        return self._list(UserPublic, "/api/v1/users")
+
+    # -- workloads ------------------------------------------------------------------------------------------
+    def submit(self, body: WorkloadCreate, idempotency_key: str | None = None) -> WorkloadPublic:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._send(WorkloadPublic, "POST", "/api/v1/workloads", body, headers=headers)
+
+    def list_workloads(
+        self, project: str | None = None, state: str | None = None, limit: int = 1000
+    ) -> list[WorkloadPublic]:
+        """Every page, newest first."""
+        out: list[WorkloadPublic] = []
+        params: dict[str, Any] = {k: v for k, v in {"project": project, "state": state, "limit": limit}.items() if v}
+        while True:
+            page = Page[WorkloadPublic].model_validate(self._call("GET", "/api/v1/workloads", params=params).json())
+            out.extend(page.items)
+            if not page.next_cursor:
+                return out
+            params["cursor"] = page.next_cursor
+
+    def describe(self, ref: str, project: str | None = None) -> WorkloadDetail:
+        return self._get(WorkloadDetail, f"/api/v1/workloads/{ref}", params=_project(project))
+
+    def cancel(self, ref: str, project: str | None = None) -> WorkloadPublic:
+        return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{ref}/cancel", params=_project(project))
+
+    def logs(self, ref: str, project: str | None = None, rank: int = 0, offset: int = 0) -> tuple[bytes, int, str]:
+        """(bytes from offset, the next offset, the workload's state)."""
+        params = {**_project(project), "rank": rank, "offset": offset}
+        resp = self._call("GET", f"/api/v1/workloads/{ref}/logs", params=params)
+        return resp.content, int(resp.headers["X-Next-Offset"]), resp.headers["X-Workload-State"]
+
+    def nodes(self) -> list[NodePublic]:
+        return self._list(NodePublic, "/api/v1/nodes")
+
+
+def _project(project: str | None) -> dict[str, str]:
+    return {"project": project} if project else {}

@@ -1,0 +1,1 @@
+"""The live control plane: snapshot → core.schedule() → persist → apply through the backend → reconcile."""

@@ -1,0 +1,159 @@
+"""A decision written to the store (persist first), then carried out through the backend (idempotently)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import sys
+from collections.abc import Sequence
+
+from gpupool.backends.base import Backend, DeviceGrant, LaunchSpec
+from gpupool.control.reconcile import current, record
+from gpupool.core import Decision
+from gpupool.store.snapshot import row_id
+from gpupool.store.tables import AllocationRow, EventRow, NodeRow, WorkloadRow
+
+SERVES_PORT = ("notebook", "inference")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_CORE_ID = re.compile(r"\bw\d{10}\b")
+
+
+def _named(message: str, rows: dict[int, WorkloadRow]) -> str:
+    """The core speaks of workload ids; people read names."""
+
+    def name(m: re.Match[str]) -> str:
+        row = rows.get(row_id(m.group(0)))
+        return repr(row.name) if row is not None else m.group(0)
+
+    return _CORE_ID.sub(name, message)
+
+
+def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> list[EventRow]:
+    events: list[EventRow] = []
+    for bind in decision.binds:
+        row = rows[row_id(bind.workload)]
+        master = free_port() if row.workers > 1 else None
+        for p in bind.placements:
+            port = (row.port or free_port()) if row.type in SERVES_PORT and p.member == 0 else None
+            row.allocations.append(
+                AllocationRow(
+                    id=f"{row.id}-{row.attempt}-{p.member}",
+                    workload_id=row.id,
+                    attempt=row.attempt,
+                    member=p.member,
+                    node=p.node,
+                    devices=[{"index": d.index, "milli": d.milli, "memory_mib": d.memory_mib} for d in p.devices],
+                    state="bound",
+                    port=port,
+                    master_port=master,
+                    created_at=now,
+                )
+            )
+        row.started_at, row.reason_code, row.nominated = now, None, []
+        nodes = ", ".join(sorted({p.node for p in bind.placements}))
+        events.append(record(row, "starting", f"placed on {nodes}", now))
+    for ev in decision.evictions:
+        row = rows[row_id(ev.workload)]
+        row.stop_reason = ev.reason.value
+        for a in current(row):
+            if a.state != "ended" and a.stop_at is None:
+                a.stop_at = now
+        events.append(record(row, row.state, f"{ev.reason.value}: {_named(ev.message, rows)}; stopping", now))
+    for pend in decision.pending:
+        row = rows[row_id(pend.workload)]
+        nominated = sorted({x.node for x in pend.nominated})
+        message = _named(pend.message, rows)
+        if row.reason_code != pend.code.value or row.reason != message:
+            row.reason_code, row.reason = pend.code.value, message
+        if row.nominated != nominated:
+            row.nominated = nominated
+    return events
+
+
+def notebook_argv(port: int) -> tuple[str, ...]:
+    return (
+        sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+        "--ServerApp.port_retries=0", "--ServerApp.root_dir=.", "--ServerApp.allow_remote_access=False",
+    )  # fmt: skip
+
+
+def launch_spec(row: WorkloadRow, alloc: AllocationRow, project: str, node: NodeRow | None) -> LaunchSpec:
+    models = {int(d["index"]): d for d in (node.devices if node else [])}
+    grants = tuple(
+        DeviceGrant(
+            int(d["index"]),
+            int(d["milli"]),
+            int(d["memory_mib"]),
+            str(models.get(int(d["index"]), {}).get("model", "")),
+            int(models.get(int(d["index"]), {}).get("memory_mib", 0)),
+        )
+        for d in alloc.devices
+    )
+    env = {str(k): str(v) for k, v in row.env.items()}
+    argv: tuple[str, ...] = tuple(row.command)
+    if row.type == "notebook":
+        port = alloc.port or free_port()
+        argv = notebook_argv(port)
+        env["JUPYTER_TOKEN"] = row.app_token or ""
+    return LaunchSpec(
+        alloc_id=alloc.id,
+        workload_id=row.id,
+        workload_name=row.name,
+        project=project,
+        kind=row.type,
+        argv=argv,
+        env=env,
+        devices=grants,
+        rank=alloc.member,
+        world_size=row.workers,
+        master_port=alloc.master_port,
+        port=alloc.port,
+    )
+
+
+def _answers(port: int | None) -> bool:
+    if port is None:
+        return True
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.05):
+        return True
+    return False
+
+
+def act(
+    rows: Sequence[WorkloadRow], projects: dict[int, str], nodes: dict[str, NodeRow], backend: Backend, now: float
+) -> tuple[list[EventRow], bool]:
+    """Launch what is bound, signal what is stopping, promote what answers. Returns events and whether
+    something is in flight (the loop then looks again soon)."""
+    events: list[EventRow] = []
+    busy = False
+    for row in rows:
+        if row.state not in ("starting", "running"):
+            continue
+        allocs = current(row)
+        for alloc in allocs:
+            if alloc.state == "bound" and row.stop_reason is None:
+                backend.launch(launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node)))
+                alloc.state = "launched"
+            elif alloc.state == "bound":
+                alloc.state = "ended"  # stopped before it ever started
+            if alloc.stop_at is not None and alloc.state != "ended":
+                backend.stop(alloc.id, force=now - alloc.stop_at >= row.grace_s)
+                busy = True
+        if row.state == "starting" and row.stop_reason is None:
+            if row.type in SERVES_PORT and not all(_answers(a.port) for a in allocs):
+                busy = True
+                continue
+            for a in allocs:
+                a.state = "ready" if a.state == "launched" else a.state
+            events.append(
+                record(row, "running", "running" if row.type not in SERVES_PORT else "answering on its port", now)
+            )
+    return events, busy

@@ -1,0 +1,108 @@
+"""The scheduler loop: runs a cycle on every event (submit, cancel, process exit) and at least every interval."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpupool.backends.base import Backend
+from gpupool.control.apply import act, persist
+from gpupool.control.reconcile import reconcile
+from gpupool.core import Decision, SchedulerConfig, schedule
+from gpupool.core.placement.memo import Memo
+from gpupool.store.snapshot import build_snapshot
+from gpupool.store.tables import NodeRow, QueueRow, WorkloadRow
+
+log = logging.getLogger("gpupool.control")
+ACTIVE = ("pending", "starting", "running", "preempted", "suspended")
+
+
+class Controller:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        backend: Backend,
+        *,
+        interval_s: float = 2.0,
+        config: SchedulerConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sessions = sessions
+        self.backend = backend
+        self.interval_s = interval_s
+        self.config = config or SchedulerConfig()
+        self.clock = clock
+        self.lock = threading.RLock()
+        """Held by a cycle and by use cases that change running workloads (cancel), so they never interleave."""
+        self.last_decision: Decision | None = None
+        self.last_cycle_s = 0.0
+        self.cycles = 0
+        self._memo = Memo()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def register_nodes(self) -> None:
+        with self.sessions() as s:
+            for node in self.backend.inventory():
+                row = s.get(NodeRow, node.name) or NodeRow(name=node.name)
+                row.backend = self.backend.capabilities().name
+                row.pool, row.cpu_milli, row.memory_mib = node.pool, node.cpu_milli, node.memory_mib
+                row.schedulable, row.updated_at = node.schedulable, self.clock()
+                row.devices = [{"index": d.index, "model": d.model, "memory_mib": d.memory_mib} for d in node.devices]
+                s.merge(row)
+            s.commit()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        timeout = 0.0
+        while not self._stopping.is_set():
+            self._wake.wait(timeout)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                busy = self.cycle()
+            except Exception:  # the loop must outlive any one bad cycle; the next one starts from the store
+                log.exception("scheduling cycle failed")
+                busy = False
+            timeout = 0.2 if busy else self.interval_s
+
+    def cycle(self) -> bool:
+        """One pass: reconcile → snapshot → schedule → persist → act. Returns whether work is in flight."""
+        with self.lock, self.sessions() as s:
+            started = time.perf_counter()
+            now = self.clock()
+            observed = self.backend.observe()
+            rows = list(s.scalars(select(WorkloadRow).where(WorkloadRow.state.in_(ACTIVE)).order_by(WorkloadRow.id)))
+            s.add_all(reconcile(rows, observed, self.backend, now))
+            rows = [r for r in rows if r.state in ACTIVE]
+            decision = schedule(build_snapshot(s, rows, now), self.config, memo=self._memo)
+            s.add_all(persist({r.id: r for r in rows}, decision, now))
+            s.commit()  # persist first: a crash from here on relaunches by allocation id, never twice
+            projects = {q.id: q.name for q in s.scalars(select(QueueRow))}
+            nodes = {n.name: n for n in s.scalars(select(NodeRow))}
+            events, busy = act(rows, projects, nodes, self.backend, now)
+            s.add_all(events)
+            s.commit()
+            self.last_decision = decision
+            self.last_cycle_s = time.perf_counter() - started
+            self.cycles += 1
+            return busy or bool(decision.evictions)

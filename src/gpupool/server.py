@@ -1,0 +1,80 @@
+"""Assembling a server from Settings: store, backend, scheduler loop, API. The `gpupool server` entry point."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+import uvicorn
+
+from gpupool.api.app import create_app
+from gpupool.api.deps import Context
+from gpupool.backends.local import LocalBackend, discover
+from gpupool.control.controller import Controller
+from gpupool.services.org import ensure_admin
+from gpupool.settings import Settings
+from gpupool.store.engine import make_engine, migrate, session_factory
+
+log = logging.getLogger("gpupool.server")
+
+
+def write_admin_token(data_dir: Path, token: str) -> Path:
+    path = data_dir / "admin-token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def build(settings: Settings) -> tuple[Context, str | None]:
+    """Everything a server needs, started except for the HTTP listener. Returns the context and, on first
+    start, where the admin token was written."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(settings.data_dir, 0o700)
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    with sessions() as s:
+        token = ensure_admin(s)
+    token_path = str(write_admin_token(settings.data_dir, token)) if token else None
+    gpus = discover(settings.gpus)
+    holder: list[Controller] = []
+    backend = LocalBackend(
+        settings.data_dir,
+        settings.node_name or socket.gethostname(),
+        settings.pool,
+        gpus,
+        on_exit=lambda: holder[0].wake() if holder else None,
+    )
+    controller = Controller(sessions, backend, interval_s=settings.interval_s)
+    holder.append(controller)
+    controller.register_nodes()
+    return Context(settings, sessions, backend, controller), token_path
+
+
+def serve(settings: Settings, announce: bool = True) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx, token_path = build(settings)
+    gpus = ctx.backend.inventory()[0].devices
+    kind = ctx.backend.capabilities().extra.get("gpus", "")
+    if announce:
+        models = ", ".join(sorted({f"{sum(1 for x in gpus if x.model == d.model)}× {d.model}" for d in gpus}))
+        print(f"gpupool: {len(gpus)} GPUs ({kind}: {models or 'none'}), store {_redact(settings.database_url)}")
+        if token_path:
+            print(f"gpupool: first start; the admin token is in {token_path} (readable only by you)")
+        print(f"gpupool: API on http://{settings.host}:{settings.port}  (docs at /docs)", flush=True)
+    ctx.controller.start()
+    try:
+        uvicorn.run(create_app(ctx), host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    finally:
+        ctx.controller.stop()
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

@@ -1,0 +1,202 @@
+"""Departments, projects, quotas and users."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.api.schemas import (
+    DepartmentCreate,
+    ProjectCreate,
+    QueuePublic,
+    QuotaIn,
+    QuotaPublic,
+    QuotaUpdate,
+    UserCreate,
+    UserCreated,
+    UserPublic,
+)
+from gpupool.core import MILLI
+from gpupool.services.auth import Principal, hash_token, new_token
+from gpupool.services.errors import Conflict, Invalid, NotFound
+from gpupool.store.tables import AllocationRow, MembershipRow, QueueRow, QuotaRow, UserRow, WorkloadRow
+
+
+def _milli(gpus: float | None) -> int | None:
+    return None if gpus is None else round(gpus * MILLI)
+
+
+def queue_named(session: Session, name: str, kind: str | None = None) -> QueueRow:
+    row = session.scalar(select(QueueRow).where(QueueRow.name == name))
+    if row is None or (kind is not None and row.kind != kind):
+        raise NotFound(f"no {kind or 'department or project'} named {name!r}")
+    return row
+
+
+def _check_sums(session: Session, parent: QueueRow | None) -> None:
+    """The sum of the children's deserved may not exceed the parent's, in any pool."""
+    if parent is None:
+        return
+    children = session.scalars(select(QueueRow).where(QueueRow.parent_id == parent.id)).all()
+    own = {q.pool: q.deserved_milli for q in parent.quotas}
+    total: dict[str, int] = {}
+    for child in children:
+        for q in child.quotas:
+            total[q.pool] = total.get(q.pool, 0) + q.deserved_milli
+    for pool, want in sorted(total.items()):
+        have = own.get(pool, 0)
+        if want > have:
+            raise Invalid(
+                f"the children of {parent.name!r} would deserve {want / MILLI:g} GPUs in pool {pool!r}, "
+                f"more than its own {have / MILLI:g}"
+            )
+
+
+def _quota_row(q: QuotaIn) -> QuotaRow:
+    deserved, limit = _milli(q.deserved_gpus) or 0, _milli(q.limit_gpus)
+    if limit is not None and limit < deserved:
+        raise Invalid(f"limit ({q.limit_gpus:g} GPUs) is below deserved ({q.deserved_gpus:g} GPUs)")
+    return QuotaRow(pool=q.pool, deserved_milli=deserved, limit_milli=limit, weight=q.weight)
+
+
+def _create(session: Session, who: Principal, body: QuotaIn, name: str, kind: str, parent: QueueRow | None) -> QueueRow:
+    who.require_admin()
+    if session.scalar(select(QueueRow.id).where(QueueRow.name == name)) is not None:
+        raise Conflict(f"a department or project named {name!r} already exists")
+    row = QueueRow(name=name, kind=kind, parent_id=parent.id if parent else None, created_at=time.time())
+    row.strict_fifo = bool(getattr(body, "strict_fifo", False))
+    row.quotas.append(_quota_row(body))
+    session.add(row)
+    session.flush()
+    _check_sums(session, parent)
+    return row
+
+
+def create_department(session: Session, who: Principal, body: DepartmentCreate) -> QueuePublic:
+    row = _create(session, who, body, body.name, "department", None)
+    session.commit()
+    return queue_public(session, row)
+
+
+def create_project(session: Session, who: Principal, body: ProjectCreate) -> QueuePublic:
+    parent = queue_named(session, body.department, "department") if body.department else None
+    row = _create(session, who, body, body.name, "project", parent)
+    session.commit()
+    return queue_public(session, row)
+
+
+def update_quota(session: Session, who: Principal, name: str, body: QuotaUpdate) -> QueuePublic:
+    who.require_admin()
+    row = queue_named(session, name)
+    quota = next((q for q in row.quotas if q.pool == body.pool), None)
+    if quota is None:
+        quota = QuotaRow(pool=body.pool, deserved_milli=0, limit_milli=None, weight=1)
+        row.quotas.append(quota)
+    if body.deserved_gpus is not None:
+        quota.deserved_milli = _milli(body.deserved_gpus) or 0
+    if body.clear_limit:
+        quota.limit_milli = None
+    elif body.limit_gpus is not None:
+        quota.limit_milli = _milli(body.limit_gpus)
+    if body.weight is not None:
+        quota.weight = body.weight
+    if quota.limit_milli is not None and quota.limit_milli < quota.deserved_milli:
+        session.rollback()
+        raise Invalid("limit is below deserved")
+    session.flush()
+    try:
+        _check_sums(session, session.get(QueueRow, row.parent_id) if row.parent_id else None)
+        _check_sums(session, row)
+    except Invalid:
+        session.rollback()
+        raise
+    session.commit()
+    return queue_public(session, row)
+
+
+def queue_public(session: Session, row: QueueRow, allocated: dict[int, int] | None = None) -> QueuePublic:
+    parent = session.get(QueueRow, row.parent_id) if row.parent_id else None
+    return QueuePublic(
+        name=row.name,
+        kind="project" if row.kind == "project" else "department",
+        parent=parent.name if parent else None,
+        strict_fifo=row.strict_fifo,
+        quotas=[
+            QuotaPublic(
+                pool=q.pool,
+                deserved_gpus=q.deserved_milli / MILLI,
+                limit_gpus=None if q.limit_milli is None else q.limit_milli / MILLI,
+                weight=q.weight,
+            )
+            for q in sorted(row.quotas, key=lambda q: q.pool)
+        ],
+        allocated_gpus=(allocated or {}).get(row.id, 0) / MILLI,
+    )
+
+
+def _allocated_by_project(session: Session) -> dict[int, int]:
+    out: dict[int, int] = {}
+    rows = session.execute(
+        select(WorkloadRow.project_id, AllocationRow.devices)
+        .join(AllocationRow, AllocationRow.workload_id == WorkloadRow.id)
+        .where(AllocationRow.state != "ended")
+    )
+    for project_id, devices in rows:
+        out[project_id] = out.get(project_id, 0) + sum(int(d["milli"]) for d in devices)
+    return out
+
+
+def list_queues(session: Session, who: Principal, kind: str) -> list[QueuePublic]:
+    rows = session.scalars(select(QueueRow).where(QueueRow.kind == kind).order_by(QueueRow.name)).all()
+    allocated = _allocated_by_project(session)
+    if kind == "department":
+        by_parent: dict[int, int] = {}
+        for r in session.scalars(select(QueueRow).where(QueueRow.kind == "project")):
+            if r.parent_id is not None:
+                by_parent[r.parent_id] = by_parent.get(r.parent_id, 0) + allocated.get(r.id, 0)
+        allocated = by_parent
+    visible = [r for r in rows if kind == "department" or who.is_admin or r.id in who.project_ids]
+    return [queue_public(session, r, allocated) for r in visible]
+
+
+def _project_ids(session: Session, names: Iterable[str]) -> list[int]:
+    return [queue_named(session, n, "project").id for n in sorted(set(names))]
+
+
+def create_user(session: Session, who: Principal, body: UserCreate) -> UserCreated:
+    who.require_admin()
+    if session.scalar(select(UserRow.id).where(UserRow.name == body.name)) is not None:
+        raise Conflict(f"a user named {body.name!r} already exists")
+    project_ids = _project_ids(session, body.projects)
+    token = new_token()
+    user = UserRow(name=body.name, role=body.role, token_hash=hash_token(token), created_at=time.time())
+    session.add(user)
+    session.flush()
+    session.add_all(MembershipRow(user_id=user.id, project_id=pid) for pid in project_ids)
+    session.commit()
+    return UserCreated(name=user.name, role=body.role, projects=sorted(set(body.projects)), token=token)
+
+
+def list_users(session: Session, who: Principal) -> list[UserPublic]:
+    who.require_admin()
+    names = {q.id: q.name for q in session.scalars(select(QueueRow))}
+    members: dict[int, list[str]] = {}
+    for m in session.scalars(select(MembershipRow)):
+        members.setdefault(m.user_id, []).append(names[m.project_id])
+    return [
+        UserPublic(name=u.name, role=u.role, projects=sorted(members.get(u.id, [])))  # type: ignore[arg-type]
+        for u in session.scalars(select(UserRow).order_by(UserRow.name))
+    ]
+
+
+def ensure_admin(session: Session, name: str = "admin") -> str | None:
+    """On first start: create the admin and return its token (None when users exist already)."""
+    if session.scalar(select(UserRow.id).limit(1)) is not None:
+        return None
+    token = new_token()
+    session.add(UserRow(name=name, role="admin", token_hash=hash_token(token), created_at=time.time()))
+    session.commit()
+    return token

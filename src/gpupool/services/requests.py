@@ -1,0 +1,160 @@
+"""Turning a submitted workload into a core request, and refusing what could never run, before anything is written."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from gpupool.api.schemas import WorkloadCreate
+from gpupool.core import MILLI, Request
+from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass, class_named
+from gpupool.services.errors import Invalid
+from gpupool.store.tables import NodeRow, QueueRow
+
+TYPE_CLASS = {"notebook": "interactive", "training": "training", "inference": "production", "batch": "batch"}
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_RESERVED_ENV = frozenset(
+    {
+        *("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
+        *("ROLE_RANK", "ROLE_WORLD_SIZE", "PORT", "JUPYTER_TOKEN"),
+    }
+)
+_RESERVED_PREFIXES = ("CUDA_", "NVIDIA_", "GPUPOOL_")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|[KMGT]i?)?\s*$", re.IGNORECASE)
+_UNIT_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def parse_mib(text: str, what: str) -> int:
+    """'20GiB', '20G', '512MiB' → MiB. GB and GiB both mean 1024 MiB, as GPU vendors quote memory."""
+    m = _SIZE.match(text)
+    if not m:
+        raise Invalid(f"{what} {text!r}: expected a size like 20GiB or 512MiB")
+    unit = (m.group(2) or "M")[0].lower()
+    mib = int(float(m.group(1)) * _UNIT_MIB[unit])
+    if mib < 1:
+        raise Invalid(f"{what} {text!r} is less than 1 MiB")
+    return mib
+
+
+def priority_of(body: WorkloadCreate, classes: Sequence[PriorityClass] = DEFAULT_CLASSES) -> PriorityClass:
+    name = body.priority or TYPE_CLASS[body.type]
+    try:
+        return class_named(name, tuple(classes))
+    except KeyError as e:
+        raise Invalid(str(e.args[0])) from None
+
+
+def to_request(body: WorkloadCreate) -> Request:
+    forms = [x is not None for x in (body.gpu, body.gpus, body.gpu_memory)]
+    if sum(forms) > 1:
+        raise Invalid("ask for one of gpu (a fraction), gpus (whole GPUs) or gpu_memory, not several")
+    gpus = body.gpus or 0
+    milli = 0
+    if body.gpu is not None:
+        if not 0 < body.gpu < 1:
+            raise Invalid(f"gpu {body.gpu:g} is not a fraction between 0 and 1; ask for whole GPUs with gpus")
+        milli = max(1, min(999, round(body.gpu * MILLI)))
+    memory = parse_mib(body.gpu_memory, "gpu_memory") if body.gpu_memory is not None else 0
+    cpu = round(body.cpu * 1000) if body.cpu is not None else 0
+    host_mem = parse_mib(body.memory, "memory") if body.memory is not None else 0
+    return Request(gpus=gpus, gpu_milli=milli, gpu_memory_mib=memory, cpu_milli=cpu, memory_mib=host_mem)
+
+
+def check_text(body: WorkloadCreate) -> None:
+    for key, value in body.env.items():
+        if not _ENV_KEY.match(key):
+            raise Invalid(f"environment variable name {key!r} is not valid")
+        if key in _RESERVED_ENV or key.startswith(_RESERVED_PREFIXES):
+            raise Invalid(f"environment variable {key!r} is set by gpupool and cannot be overridden")
+        if "\x00" in value or len(value) > 32_768:
+            raise Invalid(f"environment variable {key!r} has a NUL byte or is longer than 32 KiB")
+    if any("\x00" in arg for arg in body.command) or sum(len(a) for a in body.command) > 131_072:
+        raise Invalid("the command has a NUL byte or is longer than 128 KiB")
+    if body.type == "notebook":
+        if body.command:
+            raise Invalid("a notebook runs JupyterLab; it takes no command")
+        if body.workers > 1:
+            raise Invalid("a notebook has one member; workers is for training")
+    elif not body.command:
+        raise Invalid(f"a {body.type} workload needs a command (after --)")
+    if body.workers > 1 and body.type not in ("training", "batch"):
+        raise Invalid("only training and batch workloads can have several workers")
+
+
+def _fits_somewhere(req: Request, workers: int, nodes: Sequence[NodeRow]) -> str | None:
+    """None if the gang fits the empty cluster; otherwise why it never can."""
+    slots = 0
+    for node in nodes:
+        if node.cpu_milli < req.cpu_milli or node.memory_mib < req.memory_mib:
+            continue
+        devices = node.devices
+        if req.gpus:
+            per = len(devices) // req.gpus
+        elif req.gpu_milli:
+            per = len(devices) * (MILLI // req.gpu_milli)
+        elif req.gpu_memory_mib:
+            per = sum(int(d["memory_mib"]) // req.gpu_memory_mib for d in devices)
+        else:
+            per = workers
+        if req.cpu_milli:
+            per = min(per, node.cpu_milli // req.cpu_milli)
+        if req.memory_mib:
+            per = min(per, node.memory_mib // req.memory_mib)
+        slots += per
+        if slots >= workers:
+            return None
+    if req.gpus:
+        most = max((len(n.devices) for n in nodes), default=0)
+        if req.gpus > most:
+            return f"{req.gpus} GPUs on one node: no node has more than {most}"
+    if req.gpu_memory_mib:
+        most = max((int(d["memory_mib"]) for n in nodes for d in n.devices), default=0)
+        if req.gpu_memory_mib > most:
+            return f"{req.gpu_memory_mib} MiB of GPU memory: no device has more than {most} MiB"
+    if req.cpu_milli or req.memory_mib:
+        return "no node has the CPU or memory it asks for"
+    return f"{workers} workers of this size: the cluster cannot hold them all at once"
+
+
+def check_fits(
+    req: Request,
+    workers: int,
+    pools: Sequence[str],
+    preemptible: bool,
+    nodes: Sequence[NodeRow],
+    chain: Sequence[QueueRow],
+) -> None:
+    """Refuse at submit what could never run: unknown pools, bigger than any node, over a hard limit, or not
+    preemptible and beyond what the project (or a department above it) is guaranteed."""
+    known = sorted({n.pool for n in nodes})
+    for pool in pools:
+        if pool not in known:
+            raise Invalid(f"unknown pool {pool!r}; pools: {', '.join(known) or 'none yet'}")
+    allowed = [n for n in nodes if not pools or n.pool in pools]
+    why = _fits_somewhere(req, workers, allowed)
+    if why:
+        raise Invalid(f"this can never run: {why}")
+    total = req.nominal_milli() * workers
+    if not total:
+        return
+    candidate_pools = list(pools) or sorted({n.pool for n in allowed})
+    for pool in candidate_pools:
+        ok = True
+        for queue in chain:
+            quota = next((q for q in queue.quotas if q.pool == pool), None)
+            if quota is None:
+                if not preemptible:
+                    ok = False
+                continue
+            if quota.limit_milli is not None and total > quota.limit_milli:
+                ok = False
+            if not preemptible and total > quota.deserved_milli:
+                ok = False
+        if ok:
+            return
+    if preemptible:
+        raise Invalid(f"this can never run: {total / MILLI:g} GPUs is over the hard limit of {chain[0].name!r}")
+    raise Invalid(
+        f"this can never run: not preemptible, and {total / MILLI:g} GPUs is more than "
+        f"{chain[0].name!r} (or its department) is guaranteed; ask for less or make it preemptible"
+    )

@@ -1,0 +1,90 @@
+"""Rows to wire models."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpupool.api.schemas import AllocationPublic, DevicePublic, EventPublic, WorkloadDetail, WorkloadPublic
+from gpupool.core import MILLI
+from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
+
+
+def gpu_request(row: WorkloadRow) -> str:
+    if row.gpus:
+        one = f"{row.gpus} GPU" + ("s" if row.gpus > 1 else "")
+    elif row.gpu_milli:
+        one = f"{row.gpu_milli / MILLI:g} GPU"
+    elif row.gpu_memory_mib:
+        one = f"{row.gpu_memory_mib / 1024:g}GiB GPU memory"
+    else:
+        one = "no GPU"
+    return f"{row.workers} × {one}" if row.workers > 1 else one
+
+
+def live(row: WorkloadRow) -> list[AllocationRow]:
+    return [a for a in row.allocations if a.state != "ended" and a.attempt == row.attempt]
+
+
+def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
+    allocs = live(row)
+    return WorkloadPublic(
+        id=row.id,
+        name=row.name,
+        project=project,
+        type=row.type,  # type: ignore[arg-type]
+        priority=row.priority_class,
+        preemptible=row.preemptible,
+        state=row.state,  # type: ignore[arg-type]
+        reason=row.reason,
+        reason_code=row.reason_code,
+        node=allocs[0].node if allocs else None,
+        devices=sorted({int(d["index"]) for a in allocs for d in a.devices}),
+        gpu_request=gpu_request(row),
+        gpus=row.gpus,
+        gpu_milli=row.gpu_milli,
+        gpu_memory_mib=row.gpu_memory_mib,
+        workers=row.workers,
+        attempt=row.attempt,
+        exit_code=row.exit_code,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+def workload_detail(
+    row: WorkloadRow, project: str, events: Sequence[EventRow], *, show_token: bool, host: str
+) -> WorkloadDetail:
+    base = workload_public(row, project).model_dump()
+    allocs = live(row)
+    port = allocs[0].port if allocs else None
+    url = None
+    if row.type in ("notebook", "inference") and port is not None and row.state in ("starting", "running"):
+        url = f"http://{host}:{port}/"
+        if row.type == "notebook" and show_token:
+            url += f"lab?token={row.app_token}"
+    fraction = None
+    if row.gpu_milli or row.gpu_memory_mib:
+        enforced = bool(allocs) and all(a.state in ("launched", "ready") and a.enforced for a in allocs)
+        fraction = "enforced" if enforced else "advisory"
+    return WorkloadDetail(
+        **base,
+        command=list(row.command),
+        env=dict(row.env),
+        port=row.port,
+        grace_s=row.grace_s,
+        fraction=fraction,  # type: ignore[arg-type]
+        url=url,
+        token=row.app_token if show_token else None,
+        allocations=[
+            AllocationPublic(
+                member=a.member,
+                node=a.node,
+                devices=[DevicePublic(**d) for d in a.devices],
+                state=a.state,
+                port=a.port,
+            )
+            for a in allocs
+        ],
+        events=[EventPublic(at=e.at, state=e.state, reason=e.reason) for e in events],
+    )

@@ -1,0 +1,190 @@
+"""Submitting, listing, describing and cancelling workloads."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpupool.api.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
+from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
+from gpupool.services.auth import Principal
+from gpupool.services.errors import Conflict, Invalid, NotFound
+from gpupool.services.org import queue_named
+from gpupool.services.requests import check_fits, check_text, priority_of, to_request
+from gpupool.services.views import workload_detail, workload_public
+from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
+
+ACTIVE = ("pending", "starting", "running", "preempted", "suspended")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def _chain(session: Session, project: QueueRow) -> list[QueueRow]:
+    chain = [project]
+    while chain[-1].parent_id is not None:
+        parent = session.get(QueueRow, chain[-1].parent_id)
+        if parent is None:
+            break
+        chain.append(parent)
+    return chain
+
+
+def submit(
+    session: Session,
+    who: Principal,
+    body: WorkloadCreate,
+    *,
+    default_grace_s: float,
+    min_runtime_s: dict[str, float],
+    notebooks: bool,
+    idempotency_key: str | None = None,
+    classes: Sequence[PriorityClass] = DEFAULT_CLASSES,
+) -> tuple[WorkloadPublic, bool]:
+    """Validate and queue a workload. Returns it and whether it was created (False: an idempotent replay)."""
+    project = session.scalar(select(QueueRow).where(QueueRow.name == body.project, QueueRow.kind == "project"))
+    if project is None or not who.can_read(project.id):
+        raise NotFound(f"no project named {body.project!r}")
+    if not who.can_write(project.id):
+        raise Invalid(f"your role ({who.role}) cannot submit to {body.project!r}")
+    if idempotency_key is not None:
+        if len(idempotency_key) > 128:
+            raise Invalid("Idempotency-Key is longer than 128 characters")
+        prior = session.scalar(
+            select(WorkloadRow).where(WorkloadRow.owner_id == who.id, WorkloadRow.idempotency_key == idempotency_key)
+        )
+        if prior is not None:
+            return workload_public(prior, body.project), False
+    check_text(body)
+    if body.type == "notebook" and not notebooks:
+        raise Invalid("notebooks need JupyterLab on the server: install gpupool[apps]")
+    request = to_request(body)
+    klass = priority_of(body, classes)
+    preemptible = klass.preemptible if body.preemptible is None else body.preemptible
+    nodes = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
+    check_fits(request, body.workers, body.pools, preemptible, nodes, _chain(session, project))
+    name = body.name or f"{body.type}-{secrets.token_hex(3)}"
+    now = time.time()
+    row = WorkloadRow(
+        name=name,
+        project_id=project.id,
+        owner_id=who.id,
+        idempotency_key=idempotency_key,
+        type=body.type,
+        priority_class=klass.name,
+        priority=klass.value,
+        preemptible=preemptible,
+        min_runtime_s=min_runtime_s.get(klass.name, klass.min_runtime_s),
+        gpus=request.gpus,
+        gpu_milli=request.gpu_milli,
+        gpu_memory_mib=request.gpu_memory_mib,
+        cpu_milli=request.cpu_milli,
+        memory_mib=request.memory_mib,
+        workers=body.workers,
+        pools=list(body.pools),
+        command=list(body.command),
+        env=dict(body.env),
+        port=body.port,
+        grace_s=default_grace_s if body.grace_s is None else body.grace_s,
+        app_token=secrets.token_urlsafe(24) if body.type == "notebook" else None,
+        state="pending",
+        reason_code=None,
+        reason="waiting for the scheduler",
+        attempt=0,
+        nominated=[],
+        created_at=now,
+        queued_at=now,
+    )
+    session.add(row)
+    try:
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        raise Conflict(f"project {body.project!r} already has a workload named {name!r}") from None
+    session.add(EventRow(workload_id=row.id, at=now, state="pending", reason=f"submitted by {who.name}"))
+    session.commit()
+    return workload_public(row, body.project), True
+
+
+def find(session: Session, who: Principal, ref: str, project: str | None = None) -> WorkloadRow:
+    """A workload by name (or numeric id) among the projects the caller may read; others' are not found."""
+    query = select(WorkloadRow)
+    if project is not None:
+        p = session.scalar(select(QueueRow).where(QueueRow.name == project, QueueRow.kind == "project"))
+        if p is None or not who.can_read(p.id):
+            raise NotFound(f"no project named {project!r}")
+        query = query.where(WorkloadRow.project_id == p.id)
+    query = query.where(WorkloadRow.id == int(ref)) if ref.isdigit() else query.where(WorkloadRow.name == ref)
+    rows = [r for r in session.scalars(query) if who.can_read(r.project_id)]
+    if not rows:
+        raise NotFound(f"no workload named {ref!r}")
+    if len(rows) > 1:
+        raise Conflict(f"several projects have a workload named {ref!r}; name the project")
+    return rows[0]
+
+
+def _project_names(session: Session) -> dict[int, str]:
+    return {q.id: q.name for q in session.scalars(select(QueueRow).where(QueueRow.kind == "project"))}
+
+
+def list_workloads(
+    session: Session,
+    who: Principal,
+    *,
+    project: str | None = None,
+    state: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> Page[WorkloadPublic]:
+    names = _project_names(session)
+    query = select(WorkloadRow).order_by(WorkloadRow.id.desc()).limit(limit + 1)
+    if project is not None:
+        p = queue_named(session, project, "project")
+        if not who.can_read(p.id):
+            raise NotFound(f"no project named {project!r}")
+        query = query.where(WorkloadRow.project_id == p.id)
+    elif not who.is_admin:
+        query = query.where(WorkloadRow.project_id.in_(sorted(who.project_ids)))
+    if state is not None:
+        query = query.where(WorkloadRow.state == state)
+    if cursor is not None:
+        if not cursor.isdigit():
+            raise Invalid("cursor is not one this server handed out")
+        query = query.where(WorkloadRow.id < int(cursor))
+    rows = list(session.scalars(query))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    items = [workload_public(r, names.get(r.project_id, "?")) for r in rows]
+    return Page[WorkloadPublic](items=items, next_cursor=str(rows[-1].id) if more and rows else None)
+
+
+def describe(session: Session, who: Principal, ref: str, project: str | None, host: str) -> WorkloadDetail:
+    row = find(session, who, ref, project)
+    names = _project_names(session)
+    events = session.scalars(select(EventRow).where(EventRow.workload_id == row.id).order_by(EventRow.id)).all()
+    member = who.role != "viewer" and row.project_id in who.project_ids
+    return workload_detail(row, names.get(row.project_id, "?"), events, show_token=member, host=host)
+
+
+def cancel(session: Session, who: Principal, ref: str, project: str | None) -> WorkloadPublic:
+    """Pending work ends at once; running work is asked to stop and ends when its processes are gone."""
+    row = find(session, who, ref, project)
+    if not who.can_write(row.project_id):
+        raise Invalid(f"your role ({who.role}) cannot cancel workloads")
+    if row.state in TERMINAL:
+        raise Conflict(f"{row.name!r} has already ended ({row.state})")
+    now = time.time()
+    if row.state in ("pending", "preempted", "suspended"):
+        row.state, row.reason_code, row.reason, row.finished_at = "cancelled", None, f"cancelled by {who.name}", now
+        session.add(EventRow(workload_id=row.id, at=now, state="cancelled", reason=row.reason))
+    elif row.stop_reason != "cancel":
+        row.stop_reason, row.reason = "cancel", f"cancelled by {who.name}; stopping"
+        for alloc in row.allocations:
+            if alloc.state != "ended" and alloc.stop_at is None:
+                alloc.stop_at = now
+        session.add(EventRow(workload_id=row.id, at=now, state=row.state, reason=row.reason))
+    session.commit()
+    return workload_public(row, _project_names(session).get(row.project_id, "?"))

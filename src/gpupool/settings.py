@@ -1,0 +1,37 @@
+"""One validated Settings object, built by an entry point (the server command, a test) and passed down."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpupool"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    db_url: str | None = None
+    """SQLAlchemy URL; None: SQLite in data_dir."""
+    host: str = "127.0.0.1"
+    port: int = Field(8470, ge=0, le=65535)
+    gpus: str = "auto"
+    """'auto' (NVML, else simulated), 'nvml', or 'fake:<count>x<model>-<memory GB>[,...]'."""
+    pool: str = "default"
+    node_name: str | None = None
+    interval_s: float = Field(2.0, gt=0)
+    """The loop also runs on every submit, cancel and process exit; this is the longest it waits."""
+    grace_s: float = Field(30.0, ge=0)
+    """Default time between SIGTERM and SIGKILL when a workload is evicted or cancelled."""
+    min_runtime_s: dict[str, float] | None = None
+    """Per priority class, overriding the class defaults (e.g. {'training': 0})."""
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.data_dir / 'gpupool.db'}"

@@ -1,0 +1,1 @@
+"""gpupool's store: SQLAlchemy rows, Alembic migrations, the snapshot builder and the decision writer."""

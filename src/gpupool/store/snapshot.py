@@ -1,0 +1,91 @@
+"""Rows to the core's snapshot: the only translation between what is stored and what the scheduler reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.core import Device, DeviceShare, Node, Placement, Queue, Quota, Request, Snapshot, State, Workload
+from gpupool.store.tables import NodeRow, QueueRow, WorkloadRow
+
+PENDING_STATES = ("pending", "preempted", "suspended")
+RUNNING_STATES = ("starting", "running")
+
+
+def core_id(workload_id: int) -> str:
+    """Zero-padded, so the core's tie-breaks by id follow submission order."""
+    return f"w{workload_id:010d}"
+
+
+def row_id(core: str) -> int:
+    return int(core[1:])
+
+
+def core_nodes(session: Session) -> tuple[Node, ...]:
+    return tuple(
+        Node(
+            n.name,
+            n.pool,
+            n.cpu_milli,
+            n.memory_mib,
+            tuple(Device(int(d["index"]), str(d["model"]), int(d["memory_mib"])) for d in n.devices),
+            n.schedulable,
+        )
+        for n in session.scalars(select(NodeRow).order_by(NodeRow.name))
+    )
+
+
+def core_queues(session: Session) -> tuple[Queue, ...]:
+    rows = session.scalars(select(QueueRow).order_by(QueueRow.name)).all()
+    names = {r.id: r.name for r in rows}
+    return tuple(
+        Queue(
+            r.name,
+            names.get(r.parent_id) if r.parent_id is not None else None,
+            {q.pool: Quota(q.deserved_milli, q.limit_milli, q.weight) for q in r.quotas},
+            r.strict_fifo,
+        )
+        for r in rows
+    )
+
+
+def core_workload(row: WorkloadRow, project: str) -> Workload:
+    if row.state in RUNNING_STATES:
+        state = State.RELEASING if row.stop_reason else State.RUNNING
+        # Members that already ended well keep their place: a gang finishing rank by rank is not broken.
+        placements = tuple(
+            Placement(
+                a.member,
+                a.node,
+                tuple(DeviceShare(int(d["index"]), int(d["milli"]), int(d["memory_mib"])) for d in a.devices),
+            )
+            for a in row.allocations
+            if a.attempt == row.attempt
+        )
+    else:
+        state, placements = State.PENDING, ()
+    return Workload(
+        id=core_id(row.id),
+        project=project,
+        request=Request(row.gpus, row.gpu_milli, row.gpu_memory_mib, row.cpu_milli, row.memory_mib),
+        priority=row.priority,
+        priority_class=row.priority_class,
+        preemptible=row.preemptible,
+        min_runtime_s=row.min_runtime_s,
+        gang_size=row.workers,
+        pools=tuple(row.pools),
+        submit_time=row.queued_at,
+        state=state,
+        placements=placements,
+        start_time=row.started_at,
+        nominated_nodes=tuple(row.nominated),
+    )
+
+
+def build_snapshot(session: Session, active: Sequence[WorkloadRow], now: float) -> Snapshot:
+    queues = core_queues(session)
+    names = {r.id: r.name for r in session.scalars(select(QueueRow))}
+    workloads = tuple(core_workload(r, names[r.project_id]) for r in active)
+    return Snapshot(core_nodes(session), queues, workloads, now)

@@ -1,0 +1,140 @@
+"""The rows of gpupool's store. Only `gpupool.store` speaks SQL; other layers get domain objects or wire models."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class QueueRow(Base):
+    """A department (kind='department') or a project (kind='project') of the organisation tree."""
+
+    __tablename__ = "queues"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("queues.id"), nullable=True)
+    strict_fifo: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+    quotas: Mapped[list[QuotaRow]] = relationship(cascade="all, delete-orphan", lazy="selectin")
+
+
+class QuotaRow(Base):
+    __tablename__ = "quotas"
+    queue_id: Mapped[int] = mapped_column(ForeignKey("queues.id"), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(63), primary_key=True)
+    deserved_milli: Mapped[int] = mapped_column(BigInteger, default=0)
+    limit_milli: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    weight: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class UserRow(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class MembershipRow(Base):
+    __tablename__ = "memberships"
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"), primary_key=True)
+
+
+class NodeRow(Base):
+    """A node as its backend reported it; devices is a list of {index, model, memory_mib, uuid}."""
+
+    __tablename__ = "nodes"
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    backend: Mapped[str] = mapped_column(String(32))
+    pool: Mapped[str] = mapped_column(String(63))
+    cpu_milli: Mapped[int] = mapped_column(BigInteger)
+    memory_mib: Mapped[int] = mapped_column(BigInteger)
+    schedulable: Mapped[bool] = mapped_column(Boolean, default=True)
+    devices: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class WorkloadRow(Base):
+    __tablename__ = "workloads"
+    __table_args__ = (
+        UniqueConstraint("project_id", "name", name="uq_workload_project_name"),
+        UniqueConstraint("owner_id", "idempotency_key", name="uq_workload_idempotency"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63))
+    project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"), index=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    type: Mapped[str] = mapped_column(String(16))
+    priority_class: Mapped[str] = mapped_column(String(32))
+    priority: Mapped[int] = mapped_column(Integer)
+    preemptible: Mapped[bool] = mapped_column(Boolean)
+    min_runtime_s: Mapped[float] = mapped_column(Float, default=0.0)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_memory_mib: Mapped[int] = mapped_column(BigInteger, default=0)
+    cpu_milli: Mapped[int] = mapped_column(BigInteger, default=0)
+    memory_mib: Mapped[int] = mapped_column(BigInteger, default=0)
+    workers: Mapped[int] = mapped_column(Integer, default=1)
+    pools: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    command: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    grace_s: Mapped[float] = mapped_column(Float)
+    app_token: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    nominated: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    """Why its processes are being stopped: cancel, reclaim, preempt, consolidate, gang-broken, failed."""
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    queued_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    allocations: Mapped[list[AllocationRow]] = relationship(
+        cascade="all, delete-orphan", lazy="selectin", order_by="AllocationRow.member"
+    )
+
+
+class AllocationRow(Base):
+    """One member of one attempt of a workload on a node. Its id keys the launch, so a retry never starts a
+    second copy."""
+
+    __tablename__ = "allocations"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    member: Mapped[int] = mapped_column(Integer)
+    node: Mapped[str] = mapped_column(String(253))
+    devices: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    """[{index, milli, memory_mib}]"""
+    state: Mapped[str] = mapped_column(String(16))
+    """bound (persisted, not launched), launched, ready, stopping, ended."""
+    port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    master_port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stop_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    enforced: Mapped[bool] = mapped_column(Boolean, default=False)
+    """A fractional limit enforced by the backend (CUDA MPS) rather than advisory."""
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
