@@ -11,13 +11,17 @@ import uvicorn
 
 from gpupool.api.app import create_app
 from gpupool.api.deps import Context
-from gpupool.backends.local import LocalBackend, discover
+from gpupool.backends.local import GpuSpecError, LocalBackend, discover
 from gpupool.control.controller import Controller
 from gpupool.services.org import ensure_admin
 from gpupool.settings import Settings
 from gpupool.store.engine import make_engine, migrate, session_factory
 
 log = logging.getLogger("gpupool.server")
+
+
+class StartupError(Exception):
+    """A setting the server cannot start with (a bad GPU spec, say); the message says which and why."""
 
 
 def write_admin_token(data_dir: Path, token: str) -> Path:
@@ -32,6 +36,10 @@ def write_admin_token(data_dir: Path, token: str) -> Path:
 def build(settings: Settings) -> tuple[Context, str | None]:
     """Everything a server needs, started except for the HTTP listener. Returns the context and, on first
     start, where the admin token was written."""
+    try:
+        gpus = discover(settings.gpus)
+    except GpuSpecError as e:
+        raise StartupError(str(e)) from None
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.data_dir, 0o700)
     engine = make_engine(settings.database_url)
@@ -40,7 +48,6 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     with sessions() as s:
         token = ensure_admin(s)
     token_path = str(write_admin_token(settings.data_dir, token)) if token else None
-    gpus = discover(settings.gpus)
     holder: list[Controller] = []
     backend = LocalBackend(
         settings.data_dir,
@@ -57,6 +64,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
 
 def serve(settings: Settings, announce: bool = True) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     ctx, token_path = build(settings)
     gpus = ctx.backend.inventory()[0].devices
     kind = ctx.backend.capabilities().extra.get("gpus", "")

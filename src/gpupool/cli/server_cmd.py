@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from gpupool.backends.local import GpuSpecError
 from gpupool.cli.connection import fail
 from gpupool.settings import Settings, default_data_dir
 
@@ -27,7 +26,7 @@ def server(
     ] = None,
 ) -> None:
     """Start gpupool: API on 127.0.0.1:8470, scheduler, local backend, SQLite store."""
-    from gpupool.server import serve
+    from gpupool.server import StartupError, serve
 
     overrides: dict[str, float] = {}
     for item in min_runtime or []:
@@ -44,5 +43,5 @@ def server(
             interval_s=interval, grace_s=grace, min_runtime_s=overrides or None,
         )  # fmt: skip
         serve(settings)
-    except (ValidationError, GpuSpecError) as e:
+    except (ValidationError, StartupError) as e:
         fail(str(e), 2)

@@ -97,7 +97,8 @@ def apply(
         fail(f"{file}: expected a mapping of workload fields (project, name, type, gpus, command, ...)", 2)
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     with client() as c:
-        data.setdefault("project", _project(c, None))
+        if "project" not in data:
+            data["project"] = _project(c, None)
         try:
             body = WorkloadCreate.model_validate(data)
         except ValidationError as e:

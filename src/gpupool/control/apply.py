@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import sys
@@ -79,10 +80,13 @@ def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> lis
 
 
 def notebook_argv(port: int) -> tuple[str, ...]:
-    return (
+    """JupyterLab on loopback, on its port, with the token from the environment (never on a command line)."""
+    argv = (
         sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
         "--ServerApp.port_retries=0", "--ServerApp.root_dir=.", "--ServerApp.allow_remote_access=False",
     )  # fmt: skip
+    # A server run as root runs its notebooks as root too; Jupyter wants that said out loud.
+    return (*argv, "--allow-root") if os.geteuid() == 0 else argv
 
 
 def launch_spec(row: WorkloadRow, alloc: AllocationRow, project: str, node: NodeRow | None) -> LaunchSpec:
@@ -103,6 +107,7 @@ def launch_spec(row: WorkloadRow, alloc: AllocationRow, project: str, node: Node
         port = alloc.port or free_port()
         argv = notebook_argv(port)
         env["JUPYTER_TOKEN"] = row.app_token or ""
+        env["JUPYTER_RUNTIME_DIR"] = ".jupyter/runtime"
     return LaunchSpec(
         alloc_id=alloc.id,
         workload_id=row.id,

@@ -23,7 +23,9 @@ from gpupool.backends.local.mps import MpsDaemon, mps_env
 from gpupool.core import Node
 
 # "$1" is the exit file; the rest is the member's argv, run without any shell interpretation of its words.
-_WRAPPER = 'f=$1; shift; "$@"; rc=$?; printf "%s" "$rc" > "$f.tmp" && mv "$f.tmp" "$f"; exit $rc'
+# The wrapper catches TERM (its child gets the default action back on exec) so it outlives the grace period
+# and records how the member really ended.
+_WRAPPER = 'trap : TERM INT; f=$1; shift; "$@"; rc=$?; printf "%s" "$rc" > "$f.tmp" && mv "$f.tmp" "$f"; exit $rc'
 _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM")
 
 

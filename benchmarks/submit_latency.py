@@ -1,0 +1,154 @@
+"""Submit latency and throughput of a real gpupool server on an idle 8-GPU simulated host.
+
+Starts `gpupool server --gpus fake:8xH100-80GB` on SQLite (or `--db URL`) in a temp dir, then measures:
+
+* latency: `--count` sequential submits of a 1-GPU workload whose process prints the wall clock as its first
+  act (`date +%s.%N`); latency = that time minus the moment the submit call returned. Same host, same clock.
+* throughput: `--burst` submits of 1-GPU workloads from `--threads` client threads as fast as the API takes
+  them, while the scheduler loop runs (they queue: 8 GPUs); submits per second over the whole burst.
+
+Progress goes to stdout; the last line is one JSON object with p50_ms, p99_ms and submits_per_s.
+
+    python benchmarks/submit_latency.py
+    python benchmarks/submit_latency.py --count 50 --burst 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from gpupool.api.schemas import DepartmentCreate, ProjectCreate, WorkloadCreate
+from gpupool.client import Client
+
+GPUPOOL = str(Path(sys.executable).parent / "gpupool")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(root: Path, db: str | None) -> tuple[subprocess.Popen[bytes], str, str]:
+    port = _port()
+    cmd = [GPUPOOL, "server", "--data-dir", str(root / "data"), "--port", str(port), "--gpus", "fake:8xH100-80GB"]
+    cmd += ["--db", db] if db else []
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - held for the server's life
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            time.sleep(0.05)
+    token = (root / "data" / "admin-token").read_text().strip()
+    return proc, url, token
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def latency(c: Client, count: int) -> list[float]:
+    out: list[float] = []
+    for i in range(count):
+        w = c.submit(WorkloadCreate(project="bench", name=f"lat-{i}", gpus=1, command=["date", "+%s.%N"]))
+        returned = time.time()
+        deadline = time.monotonic() + 30
+        while True:
+            data, _, _ = c.logs(w.name)
+            if data.strip():
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{w.name} did not start within 30 s")
+            time.sleep(0.002)
+        out.append((float(data.split()[0]) - returned) * 1000)
+        if (i + 1) % 50 == 0:
+            print(f"latency: {i + 1}/{count}, p50 so far {statistics.median(out):.1f} ms", flush=True)
+    return out
+
+
+def throughput(url: str, token: str, burst: int, threads: int) -> float:
+    per = burst // threads
+    errors: list[str] = []
+
+    def worker(t: int) -> None:
+        with Client(url, token) as c:
+            for i in range(per):
+                try:
+                    c.submit(
+                        WorkloadCreate(project="bench", name=f"tp-{t}-{i}", type="batch", gpus=1, command=["true"])
+                    )
+                except Exception as e:  # counted and reported, the run goes on
+                    errors.append(str(e))
+
+    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    start = time.perf_counter()
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} submits failed, first: {errors[0]}")
+    return per * threads / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--count", type=int, default=200)
+    ap.add_argument("--burst", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--db", default=None, help="postgresql://... (default: SQLite in the temp dir)")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
+    proc, url, token = _start(root, args.db)
+    try:
+        with Client(url, token) as c:
+            c.create_department(DepartmentCreate(name="bench-dept", deserved_gpus=8))
+            c.create_project(ProjectCreate(name="bench", department="bench-dept", deserved_gpus=8))
+            lat = latency(c, args.count)
+            print(f"latency: p50 {_pct(lat, 0.5):.1f} ms, p99 {_pct(lat, 0.99):.1f} ms", flush=True)
+        rate = throughput(url, token, args.burst, args.threads)
+        print(f"throughput: {rate:.0f} submits/s", flush=True)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        for rec in (root / "data" / "run").glob("*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                os.killpg(int(json.loads(rec.read_text())["pid"]), signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
+    result = {
+        "benchmark": "submit_latency",
+        "store": "postgresql" if args.db else "sqlite",
+        "count": args.count,
+        "p50_ms": round(_pct(lat, 0.5), 1),
+        "p99_ms": round(_pct(lat, 0.99), 1),
+        "max_ms": round(max(lat), 1),
+        "burst": args.burst,
+        "threads": args.threads,
+        "submits_per_s": round(rate, 1),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

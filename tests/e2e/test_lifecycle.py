@@ -1,0 +1,127 @@
+"""Cancel, logs, the grace period, apps that serve a port, and a server restart that keeps everything."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+import httpx
+
+from tests.e2e.conftest import Server, wait_for
+
+IGNORE_TERM = ["sh", "-c", "trap 'echo ignoring TERM' TERM; echo started; while true; do sleep 0.1; done"]
+
+
+def test_logs_follow_until_the_workload_ends(org_server: Server) -> None:
+    s = org_server
+    s.cli("submit", "-p", "vision", "--name", "counter", "--", "sh", "-c", "for i in 1 2 3; do echo line $i; done")
+    out = s.cli("logs", "counter", "-f").stdout
+    assert out.splitlines() == ["line 1", "line 2", "line 3"]
+    assert s.workload("counter")["state"] == "succeeded"
+    s.cli("submit", "-p", "vision", "--name", "broken", "--", "sh", "-c", "exit 3")
+    w = s.wait_state("broken", "failed")
+    assert w["exit_code"] == 3 and "code 3" in w["reason"]
+    s.cli("submit", "-p", "vision", "--name", "missing", "--", "/no/such/program")
+    assert s.wait_state("missing", "failed")["exit_code"] == 127
+
+
+def test_cancel_sends_term_then_kills_after_the_grace_period(org_server: Server) -> None:
+    s = org_server
+    s.cli("submit", "-p", "vision", "--name", "stubborn", "--grace", "1", "--", *IGNORE_TERM)
+    s.wait_state("stubborn", "running")
+    wait_for(lambda: "started" in s.cli("logs", "stubborn").stdout, what="the workload to print")
+    s.cli("cancel", "stubborn")
+    assert s.workload("stubborn")["state"] == "running"  # still in its grace period
+    w = s.wait_state("stubborn", "cancelled", timeout=20)
+    assert "ignoring TERM" in s.cli("logs", "stubborn").stdout
+    assert w["finished_at"] - max(e["at"] for e in w["events"] if "stopping" in e["reason"]) >= 1.0
+    again = s.cli("cancel", "stubborn", check=False)
+    assert again.returncode == 1 and "already ended" in again.stderr
+    # Pending work is cancelled at once.
+    s.cli("submit", "-p", "vision", "--name", "too-big-now", "--gpus", "4", "--no-preemptible", check=False)
+    s.cli("submit", "-p", "vision", "--name", "queued", "--gpus", "4", "--", "true")
+    s.cli("submit", "-p", "nlp", "--name", "hog", "--gpus", "1", "--", *IGNORE_TERM)
+    s.wait_state("hog", "running")
+
+
+def test_an_inference_service_is_healthy_once_it_answers(org_server: Server) -> None:
+    s = org_server
+    serve = ["sh", "-c", 'sleep 1; exec python3 -m http.server "$PORT" --bind 127.0.0.1']
+    s.cli("submit", "-p", "vision", "--name", "api", "--type", "inference", "--gpu", "0.5", "--", *serve)
+    w = s.workload("api")
+    assert w["priority"] == "production" and w["preemptible"] is False
+    s.wait_state("api", "running")
+    url = s.cli("open", "api").stdout.strip()
+    assert url.startswith("http://127.0.0.1:")
+    assert httpx.get(url, timeout=5).status_code == 200
+    training = s.cli("open", "api-missing", check=False)
+    assert training.returncode == 1
+
+
+def test_a_restarted_server_keeps_its_workloads_and_adopts_their_processes(org_server: Server) -> None:
+    s = org_server
+    s.cli(
+        "submit",
+        "-p",
+        "vision",
+        "--name",
+        "long",
+        "--gpus",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo pid=$$; while true; do sleep 0.1; done",
+    )
+    s.cli("submit", "-p", "nlp", "--name", "short", "--", "sh", "-c", "while [ ! -e go ]; do sleep 0.05; done; exit 7")
+    s.cli("submit", "-p", "nlp", "--name", "waiting", "--gpus", "4", "--", "true")
+    s.wait_state("long", "running")
+    short = s.wait_state("short", "running")
+    pid = int(wait_for(lambda: s.cli("logs", "long").stdout.strip(), what="the pid").split("=")[1])
+    s.kill()  # as in a crash: no chance to clean up
+    os.kill(pid, 0)  # the workload outlived its server
+    (s.data_dir / "workloads" / str(short["id"]) / "go").touch()  # `short` ends while the server is down
+    wait_for(lambda: any((s.data_dir / "run").glob("*.exit")), 10, "short to end")
+    s.start()
+    assert s.workload("long")["state"] == "running"
+    # Its exit status was kept for the server to find.
+    assert s.wait_state("short", "failed")["exit_code"] == 7
+    assert s.workload("waiting")["state"] == "pending"
+    assert [w["name"] for w in s.json("list", "--state", "running")] == ["long"]
+    s.cli("cancel", "long")
+    s.wait_state("long", "cancelled")
+    wait_for(lambda: not _alive(pid), 10, "the adopted process to be gone")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_notebook_is_a_real_jupyterlab_that_answers_only_with_its_token(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "lab", "--deserved-gpus", "1")
+    member = s.json("user", "create", "ana", "--project", "lab")["token"]
+    viewer = s.json("user", "create", "vic", "--role", "viewer", "--project", "lab")["token"]
+    s.cli("submit", "-p", "lab", "--type", "notebook", "--name", "nb", "--gpu", "0.25", token=member)
+    w = s.wait_state("nb", "running", timeout=90)
+    assert w["priority"] == "interactive"
+    url = s.cli("open", "nb", token=member).stdout.strip()
+    base, _, token = url.partition("lab?token=")
+    assert token
+    assert s.workload("nb", token=viewer)["token"] is None
+    assert "token=" not in s.cli("open", "nb", token=viewer).stdout
+    assert httpx.get(base + "api/status", timeout=10).status_code == 403
+    assert (
+        httpx.get(base + "api/status", headers={"Authorization": f"token wrong{token}"}, timeout=10).status_code == 403
+    )
+    ok = httpx.get(base + "api/status", headers={"Authorization": f"token {token}"}, timeout=10)
+    assert ok.status_code == 200 and "started" in ok.json()
+    s.cli("cancel", "nb", token=member)
+    assert s.wait_state("nb", "cancelled", timeout=30)["state"] == "cancelled"
+    assert signal.SIGTERM  # jupyter shuts down on TERM within the grace period
