@@ -141,7 +141,7 @@ def user_create(
     if role not in ("admin", "member", "viewer"):
         fail(f"--role {role!r}: expected admin, member or viewer", 2)
     with client() as c:
-        u = c.create_user(UserCreate(name=name, role=role, projects=projects or []))  # type: ignore[arg-type]
+        u = c.create_user(UserCreate(name=name, role=role, projects=projects or []))
     if output is Output.json:
         emit_json(u)
     else:

@@ -187,7 +187,7 @@ def list_users(session: Session, who: Principal) -> list[UserPublic]:
     for m in session.scalars(select(MembershipRow)):
         members.setdefault(m.user_id, []).append(names[m.project_id])
     return [
-        UserPublic(name=u.name, role=u.role, projects=sorted(members.get(u.id, [])))  # type: ignore[arg-type]
+        UserPublic(name=u.name, role=u.role, projects=sorted(members.get(u.id, [])))
         for u in session.scalars(select(UserRow).order_by(UserRow.name))
     ]
 

@@ -31,10 +31,10 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
         id=row.id,
         name=row.name,
         project=project,
-        type=row.type,  # type: ignore[arg-type]
+        type=row.type,
         priority=row.priority_class,
         preemptible=row.preemptible,
-        state=row.state,  # type: ignore[arg-type]
+        state=row.state,
         reason=row.reason,
         reason_code=row.reason_code,
         node=allocs[0].node if allocs else None,
@@ -73,7 +73,7 @@ def workload_detail(
         env=dict(row.env),
         port=row.port,
         grace_s=row.grace_s,
-        fraction=fraction,  # type: ignore[arg-type]
+        fraction=fraction,
         url=url,
         token=row.app_token if show_token else None,
         allocations=[

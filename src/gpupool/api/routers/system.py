@@ -25,4 +25,4 @@ def metrics(session: SessionDep, ctx: ContextDep, _who: CurrentUser) -> Response
 @router.get("/api/v1/whoami", response_model=WhoAmI)
 def whoami(session: SessionDep, who: CurrentUser) -> WhoAmI:
     names = sorted(q.name for q in session.query(QueueRow).filter(QueueRow.id.in_(sorted(who.project_ids))))
-    return WhoAmI(name=who.name, role=who.role, projects=names)  # type: ignore[arg-type]
+    return WhoAmI(name=who.name, role=who.role, projects=names)
