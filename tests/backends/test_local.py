@@ -70,8 +70,12 @@ def test_a_launch_is_keyed_by_its_allocation_and_reports_its_exit_code(tmp_path:
 
 def test_stop_asks_then_forces_and_a_new_backend_adopts_running_members(tmp_path: Path) -> None:
     b = _backend(tmp_path)
-    b.launch(_spec("2-0-0", ("sh", "-c", "trap 'echo term' TERM; while true; do sleep 0.05; done")))
-    _until(b, "2-0-0", alive=True)
+    b.launch(_spec("2-0-0", ("sh", "-c", "trap 'echo term' TERM; echo ready; while true; do sleep 0.05; done")))
+    log = Path(b.log_path(1, 0))
+    deadline = time.monotonic() + 10
+    while not (log.exists() and "ready" in log.read_text()):  # its trap is set
+        assert time.monotonic() < deadline, "the member never got ready"
+        time.sleep(0.02)
     again = _backend(tmp_path)  # as after a server restart
     assert again.observe()["2-0-0"].alive
     again.stop("2-0-0", force=False)

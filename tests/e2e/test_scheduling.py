@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from tests.e2e.conftest import Server, wait_for
 
-SPIN = ["sh", "-c", "trap 'echo got TERM; exit 0' TERM; while true; do sleep 0.1; done"]
+SPIN = ["sh", "-c", "trap 'echo got TERM; exit 0' TERM; echo ready; while true; do sleep 0.1; done"]
 
 
 def test_four_quarter_gpu_workloads_share_a_device_and_a_fifth_waits(make_server: Callable[..., Server]) -> None:
@@ -35,6 +35,7 @@ def test_a_borrowing_project_is_reclaimed_when_its_neighbour_submits(org_server:
         s.cli("submit", "-p", "vision", "--type", "batch", "--name", f"b{i}", "--gpus", "1", "--", *SPIN)
     for i in range(4):
         s.wait_state(f"b{i}", "running")
+        wait_for(lambda n=i: "ready" in s.cli("logs", f"b{n}").stdout, what=f"b{i} to set its trap")
     s.cli("submit", "-p", "nlp", "--name", "mine", "--gpus", "1", "--", *SPIN)
     s.wait_state("mine", "running")
     vision = [w for w in s.json("list", "-p", "vision")]

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.backends.base import Backend
 from gpupool.control.controller import Controller
-from gpupool.services.auth import Principal, authenticate
+from gpupool.services.auth import Principal, PrincipalCache
 from gpupool.settings import Settings
 
 
@@ -22,26 +23,40 @@ class Context:
     sessions: sessionmaker[Session]
     backend: Backend
     controller: Controller
+    principals: PrincipalCache = field(default_factory=PrincipalCache)
 
 
-def get_context(request: Request) -> Context:
+# The dependencies are coroutines that do no blocking I/O of their own (a session connects lazily; a cached
+# token costs no query), so a request hops to a worker thread once, for the use case itself, not once per
+# dependency as plain functions would.
+
+
+async def get_context(request: Request) -> Context:
     ctx: Context = request.app.state.ctx
     return ctx
 
 
-def get_session(ctx: Annotated[Context, Depends(get_context)]) -> Iterator[Session]:
-    with ctx.sessions() as session:
+async def get_session(ctx: Annotated[Context, Depends(get_context)]) -> AsyncIterator[Session]:
+    session = ctx.sessions()
+    try:
         yield session
+    finally:
+        session.close()  # returns the connection to the pool: a local rollback at most
 
 
 _bearer = HTTPBearer(auto_error=False)
 
 
-def get_principal(
+async def get_principal(
+    ctx: Annotated[Context, Depends(get_context)],
     session: Annotated[Session, Depends(get_session)],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    who = authenticate(session, creds.credentials) if creds is not None else None
+    who = None
+    if creds is not None and len(creds.credentials) <= 256:
+        who = ctx.principals.peek(creds.credentials)
+        if who is None:
+            who = await run_in_threadpool(ctx.principals.get, session, creds.credentials)
     if who is None:
         raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
     return who

@@ -31,12 +31,14 @@ class Controller:
         interval_s: float = 2.0,
         config: SchedulerConfig | None = None,
         clock: Callable[[], float] = time.time,
+        max_gap_s: float = 0.5,
     ) -> None:
         self.sessions = sessions
         self.backend = backend
         self.interval_s = interval_s
         self.config = config or SchedulerConfig()
         self.clock = clock
+        self.max_gap_s = max_gap_s
         self.lock = threading.RLock()
         """Held by a cycle and by use cases that change running workloads (cancel), so they never interleave."""
         self.last_decision: Decision | None = None
@@ -73,8 +75,16 @@ class Controller:
 
     def _run(self) -> None:
         timeout = 0.0
+        last_end = 0.0
         while not self._stopping.is_set():
             self._wake.wait(timeout)
+            # Under a burst of submits, cycles back to back would starve the API of the interpreter: rest twice
+            # as long as the last cycle took (a third of the time scheduling), so one cycle takes many submits.
+            # Short cycles (an idle server's take milliseconds) starve nothing, so work still starts at once.
+            rest = 2 * self.last_cycle_s if self.last_cycle_s > 0.02 else 0.0
+            gap = min(rest, self.max_gap_s) - (time.monotonic() - last_end)
+            if gap > 0:
+                self._stopping.wait(gap)
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -83,6 +93,7 @@ class Controller:
             except Exception:  # the loop must outlive any one bad cycle; the next one starts from the store
                 log.exception("scheduling cycle failed")
                 busy = False
+            last_end = time.monotonic()
             timeout = 0.2 if busy else self.interval_s
 
     def cycle(self) -> bool:

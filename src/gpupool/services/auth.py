@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -41,6 +44,41 @@ def new_token() -> str:
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+class PrincipalCache:
+    """Who a token belongs to, remembered for a few seconds: most requests then cost no query for it.
+    Users and memberships change only through the admin API, which clears it."""
+
+    def __init__(self, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[float, Principal]] = {}
+
+    def peek(self, token: str) -> Principal | None:
+        """The cached principal, without touching the database."""
+        with self._lock:
+            hit = self._entries.get(hash_token(token))
+        return hit[1] if hit is not None and hit[0] > self._clock() else None
+
+    def get(self, session: Session, token: str) -> Principal | None:
+        hit = self.peek(token)
+        if hit is not None:
+            return hit
+        key = hash_token(token)
+        now = self._clock()
+        who = authenticate(session, token)
+        if who is not None:
+            with self._lock:
+                if len(self._entries) > 10_000:
+                    self._entries.clear()
+                self._entries[key] = (now + self.ttl_s, who)
+        return who
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
 
 
 def authenticate(session: Session, token: str) -> Principal | None:

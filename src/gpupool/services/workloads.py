@@ -97,6 +97,7 @@ def submit(
         nominated=[],
         created_at=now,
         queued_at=now,
+        allocations=[],
     )
     session.add(row)
     try:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from gpupool.api.deps import CurrentUser, SessionDep
+from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
 from gpupool.api.schemas import (
     DepartmentCreate,
     ProjectCreate,
@@ -43,8 +43,10 @@ def update_quota(name: str, body: QuotaUpdate, session: SessionDep, who: Current
 
 
 @router.post("/users", response_model=UserCreated, status_code=status.HTTP_201_CREATED)
-def create_user(body: UserCreate, session: SessionDep, who: CurrentUser) -> UserCreated:
-    return org.create_user(session, who, body)
+def create_user(body: UserCreate, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> UserCreated:
+    out = org.create_user(session, who, body)
+    ctx.principals.clear()
+    return out
 
 
 @router.get("/users", response_model=list[UserPublic])

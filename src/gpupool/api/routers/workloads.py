@@ -4,6 +4,7 @@ import os
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
+from fastapi.concurrency import run_in_threadpool
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
 from gpupool.api.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic, WorkloadState
@@ -15,7 +16,7 @@ ProjectQ = Annotated[str | None, Query(max_length=63)]
 
 
 @router.post("/workloads", response_model=WorkloadPublic, status_code=201)
-def submit_workload(
+async def submit_workload(
     body: WorkloadCreate,
     response: Response,
     session: SessionDep,
@@ -24,7 +25,8 @@ def submit_workload(
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> WorkloadPublic:
     overrides = ctx.settings.min_runtime_s or {}
-    out, created = workloads.submit(
+    out, created = await run_in_threadpool(
+        workloads.submit,
         session,
         who,
         body,

@@ -75,6 +75,12 @@ class LocalBackend:
         self._mps: MpsDaemon | None = None
         if not gpus.simulated and shutil.which("nvidia-cuda-mps-control"):
             self._mps = MpsDaemon(data_dir / "mps")
+        self._capabilities = Capabilities(
+            "local",
+            fractions_enforced=self._mps is not None,
+            notebooks=_has_module("jupyterlab"),
+            extra={"gpus": "simulated" if gpus.simulated else "nvml"},
+        )
         self._adopt()
 
     # -- what the host has ---------------------------------------------------------------------------------
@@ -83,12 +89,7 @@ class LocalBackend:
         return [Node(self.node_name, self.pool, cpu, _meminfo_mib(), self.gpus.devices)]
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            "local",
-            fractions_enforced=self._mps is not None,
-            notebooks=shutil.which("jupyter") is not None or _has_module("jupyterlab"),
-            extra={"gpus": "simulated" if self.gpus.simulated else "nvml"},
-        )
+        return self._capabilities
 
     def log_path(self, workload_id: int, rank: int) -> str:
         return str(self.data_dir / "logs" / str(workload_id) / f"rank-{rank}.log")
