@@ -56,7 +56,9 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         gpus,
         on_exit=lambda: holder[0].wake() if holder else None,
     )
-    controller = Controller(sessions, backend, interval_s=settings.interval_s)
+    controller = Controller(
+        sessions, backend, interval_s=settings.interval_s, telemetry_interval_s=settings.telemetry_interval_s
+    )
     holder.append(controller)
     controller.register_nodes()
     return Context(settings, sessions, backend, controller), token_path

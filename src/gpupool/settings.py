@@ -29,6 +29,10 @@ class Settings(BaseModel):
     """The loop also runs on every submit, cancel and process exit; this is the longest it waits."""
     grace_s: float = Field(30.0, ge=0)
     """Default time between SIGTERM and SIGKILL when a workload is evicted or cancelled."""
+    telemetry_interval_s: float = Field(5.0, gt=0)
+    """How often GPU activity is sampled and usage charged."""
+    prices: dict[str, float] = Field(default_factory=dict)
+    """Price of one GPU-hour per pool, for cost reports (a pool without one costs 0)."""
     min_runtime_s: dict[str, float] | None = None
     """Per priority class, overriding the class defaults (e.g. {'training': 0})."""
 

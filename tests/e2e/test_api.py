@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import httpx
 import pytest
 
 from gpupool.api.schemas import WorkloadCreate
 from gpupool.client import ApiError
-from tests.e2e.conftest import Server, wait_for
+from tests.e2e.conftest import GPUPOOL, Server, wait_for
 
 
 def _tokens(s: Server) -> dict[str, str]:
@@ -126,3 +128,23 @@ def test_idempotent_submits_pagination_metrics_and_operation_ids(org_server: Ser
     spec = httpx.get(f"{s.url}/openapi.json").json()
     ops = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
     assert {"submit_workload", "list_workloads", "describe_workload", "cancel_workload", "workload_logs"} <= ops
+
+
+def test_login_saves_the_connection_privately_and_whoami_reads_it(org_server: Server) -> None:
+    s = org_server
+    token = s.json("user", "create", "carol", "--project", "nlp")["token"]
+    env_less = s.env | {"XDG_CONFIG_HOME": str(s.root / "carol")}
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([GPUPOOL, *args], env=env_less, capture_output=True, text=True, timeout=60)
+
+    assert run("list").returncode == 1  # not logged in: a message, not a traceback
+    assert "gpupool login" in run("list").stderr
+    wrong = run("login", "--url", s.url, "--token", "gp_wrong")
+    assert wrong.returncode == 1 and "bearer token" in wrong.stderr
+    assert run("login", "--url", s.url, "--token", token).returncode == 0
+    saved = s.root / "carol" / "gpupool" / "config.json"
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert run("whoami").stdout.strip() == "carol (member); projects: nlp"
+    # With one project, -p is not needed.
+    assert run("submit", "--name", "mine", "--", "true").returncode == 0
+    assert s.workload("mine")["project"] == "nlp"

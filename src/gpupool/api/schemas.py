@@ -76,6 +76,46 @@ class QueuePublic(Wire):
     """GPUs its running workloads hold now (all pools)."""
 
 
+Kind = Literal["notebook", "training", "inference", "batch"]
+
+
+class PolicyUpdate(Wire):
+    """Seconds per workload type; null removes a limit. A project may only tighten its department's limits."""
+
+    idle_timeout_s: dict[Kind, float | None] = Field(default_factory=dict)
+    max_runtime_s: dict[Kind, float | None] = Field(default_factory=dict)
+    idle_threshold_pct: int | None = Field(None, ge=0, le=100)
+
+
+class PolicyPublic(Wire):
+    queue: str
+    own: dict[str, object]
+    """What this queue sets itself."""
+    idle_timeout_s: dict[str, float]
+    max_runtime_s: dict[str, float]
+    idle_threshold_pct: int
+    source: dict[str, str]
+    """Which queue each effective limit comes from."""
+
+
+class UsageLine(Wire):
+    key: str
+    gpu_hours: float
+    busy_gpu_hours: float
+    idle_gpu_hours: float
+    cost: float
+    busy_cost: float
+    idle_cost: float
+
+
+class UsageReport(Wire):
+    start: float
+    end: float
+    by: Literal["department", "project", "user", "workload"]
+    lines: list[UsageLine]
+    total: UsageLine
+
+
 class UserCreate(Wire):
     name: Name
     role: Role = "member"
@@ -151,6 +191,8 @@ class WorkloadPublic(Wire):
     workers: int
     attempt: int
     exit_code: int | None
+    gpu_util_pct: int | None = None
+    """Sampled utilisation of its GPU share (modelled from CPU activity on simulated GPUs)."""
     created_at: float
     started_at: float | None
     finished_at: float | None
@@ -168,6 +210,12 @@ class WorkloadDetail(WorkloadPublic):
     """A notebook's token; shown only to members of its project."""
     allocations: list[AllocationPublic]
     events: list[EventPublic]
+    gpu_memory_used_mib: int | None = None
+    idle_since: float | None = None
+    idle_timeout_s: float | None = None
+    """The policy that applies to it: suspended (notebooks) or stopped after this long idle."""
+    max_runtime_s: float | None = None
+    idle_threshold_pct: int | None = None
 
 
 class Page(Wire, Generic[T]):

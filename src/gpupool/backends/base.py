@@ -46,6 +46,32 @@ class Observed:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberSample:
+    """One member's GPU activity since the last sample: utilisation of its share (0-100) and memory in use."""
+
+    util_pct: int
+    memory_used_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    node: str
+    index: int
+    uuid: str
+    model: str
+    util_pct: int
+    memory_used_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    members: dict[str, MemberSample]
+    devices: tuple[DeviceSample, ...]
+    modelled: bool
+    """True where activity is modelled from CPU use (simulated GPUs) rather than read from the driver."""
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     name: str
     fractions_enforced: bool = False
@@ -71,3 +97,6 @@ class Backend(Protocol):
         """Drop the record of an ended launch."""
 
     def log_path(self, workload_id: int, rank: int) -> str: ...
+
+    def sample(self) -> Sample:
+        """GPU activity per running member and per device, since the previous call."""

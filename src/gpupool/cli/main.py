@@ -32,7 +32,7 @@ def policies() -> None:
 
 
 def _register() -> None:
-    from gpupool.cli import admin, server_cmd, simulate, workloads
+    from gpupool.cli import admin, policy, server_cmd, simulate, workloads
 
     app.command()(server_cmd.server)
     app.command()(admin.login)
@@ -40,12 +40,16 @@ def _register() -> None:
     app.add_typer(admin.department_app, name="department")
     app.add_typer(admin.project_app, name="project")
     app.add_typer(admin.user_app, name="user")
+    admin.project_app.command("policy")(policy.policy)
+    admin.department_app.command("policy")(policy.policy)
+    app.add_typer(policy.report_app, name="report")
     app.command()(workloads.submit)
     app.command()(workloads.apply)
     app.command("list")(workloads.list_)
     app.command()(workloads.describe)
     app.command()(workloads.logs)
     app.command()(workloads.cancel)
+    app.command()(workloads.resume)
     app.command("open")(workloads.open_)
     app.command()(workloads.nodes)
     app.add_typer(simulate.app, name="simulate")

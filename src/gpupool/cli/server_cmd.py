@@ -21,6 +21,10 @@ def server(
     pool: Annotated[str, typer.Option("--pool", help="The pool this host's GPUs belong to.")] = "default",
     interval: Annotated[float, typer.Option("--interval", help="Longest seconds between scheduling cycles.")] = 2.0,
     grace: Annotated[float, typer.Option("--grace", help="Default seconds from SIGTERM to SIGKILL.")] = 30.0,
+    telemetry: Annotated[float, typer.Option("--telemetry-interval", help="Seconds between GPU samples.")] = 5.0,
+    price: Annotated[
+        list[str] | None, typer.Option("--price", help="POOL=PRICE of one GPU-hour, for cost reports (repeatable).")
+    ] = None,
     min_runtime: Annotated[
         list[str] | None, typer.Option("--min-runtime", help="CLASS=SECONDS, overriding a class's minimum runtime.")
     ] = None,
@@ -35,12 +39,20 @@ def server(
             overrides[klass] = float(seconds)
         except ValueError:
             fail(f"--min-runtime {item!r}: expected CLASS=SECONDS", 2)
+    prices: dict[str, float] = {}
+    for item in price or []:
+        pool_name, _, amount = item.partition("=")
+        try:
+            prices[pool_name] = float(amount)
+        except ValueError:
+            fail(f"--price {item!r}: expected POOL=PRICE, e.g. default=2.50", 2)
     if db is not None and not db.startswith(("postgresql://", "postgresql+psycopg://", "sqlite:///")):
         fail(f"--db {db!r}: expected postgresql://user@host/dbname or sqlite:///path", 2)
     try:
         settings = Settings(
             data_dir=data_dir or default_data_dir(), db_url=db, host=host, port=port, gpus=gpus, pool=pool,
-            interval_s=interval, grace_s=grace, min_runtime_s=overrides or None,
+            interval_s=interval, grace_s=grace, min_runtime_s=overrides or None, telemetry_interval_s=telemetry,
+            prices=prices,
         )  # fmt: skip
         serve(settings)
     except (ValidationError, StartupError) as e:

@@ -145,6 +145,20 @@ def _describe_text(d: WorkloadDetail) -> None:
     for a in d.allocations:
         devs = ", ".join(f"{x.index} ({x.milli / 1000:g})" for x in a.devices) or "none"
         print(f"Member {a.member}:    {a.node}, devices {devs}, {a.state}" + (f", port {a.port}" if a.port else ""))
+    if d.gpu_util_pct is not None:
+        print(
+            f"GPU use:     {d.gpu_util_pct}% of its share"
+            + (f", {d.gpu_memory_used_mib} MiB" if d.gpu_memory_used_mib else "")
+        )
+    limits = []
+    if d.idle_timeout_s is not None:
+        what = "suspended" if d.type == "notebook" else "stopped"
+        limits.append(f"{what} after {d.idle_timeout_s:g}s below {d.idle_threshold_pct}% GPU")
+    if d.max_runtime_s is not None:
+        limits.append(f"runs at most {d.max_runtime_s:g}s")
+    if limits:
+        idle = f"; idle for {time.time() - d.idle_since:.0f}s now" if d.idle_since and d.state == "running" else ""
+        print(f"Policy:      {', '.join(limits)}{idle}")
     if d.command:
         print(f"Command:     {' '.join(d.command)}")
     if d.url:
@@ -187,6 +201,13 @@ def cancel(name: str, project: ProjectOpt = None, output: Output = OutputOpt) ->
     """Cancel a workload: pending ones at once, running ones after SIGTERM and their grace period."""
     with client() as c:
         w = c.cancel(name, project)
+    emit_json(w) if output is Output.json else print(f"workload {w.name}: {w.state} ({w.reason})")
+
+
+def resume(name: str, project: ProjectOpt = None, output: Output = OutputOpt) -> None:
+    """Bring back a workload a policy suspended (an idle notebook, say), with its files."""
+    with client() as c:
+        w = c.resume(name, project)
     emit_json(w) if output is Output.json else print(f"workload {w.name}: {w.state} ({w.reason})")
 
 

@@ -12,9 +12,12 @@ from gpupool.api.schemas import (
     Health,
     NodePublic,
     Page,
+    PolicyPublic,
+    PolicyUpdate,
     ProjectCreate,
     QueuePublic,
     QuotaUpdate,
+    UsageReport,
     UserCreate,
     UserCreated,
     UserPublic,
@@ -111,6 +114,15 @@ class Client:
     def update_quota(self, name: str, body: QuotaUpdate) -> QueuePublic:
         return self._send(QueuePublic, "PATCH", f"/api/v1/queues/{name}/quota", body)
 
+    def get_policy(self, name: str) -> PolicyPublic:
+        return self._get(PolicyPublic, f"/api/v1/queues/{name}/policy")
+
+    def update_policy(self, name: str, body: PolicyUpdate) -> PolicyPublic:
+        return self._send(PolicyPublic, "PATCH", f"/api/v1/queues/{name}/policy", body)
+
+    def usage(self, start: float, end: float, by: str = "project") -> UsageReport:
+        return self._get(UsageReport, "/api/v1/reports/usage", params={"start": start, "end": end, "by": by})
+
     def create_user(self, body: UserCreate) -> UserCreated:
         return self._send(UserCreated, "POST", "/api/v1/users", body)
 
@@ -140,6 +152,9 @@ class Client:
 
     def cancel(self, ref: str, project: str | None = None) -> WorkloadPublic:
         return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{ref}/cancel", params=_project(project))
+
+    def resume(self, ref: str, project: str | None = None) -> WorkloadPublic:
+        return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{ref}/resume", params=_project(project))
 
     def logs(self, ref: str, project: str | None = None, rank: int = 0, offset: int = 0) -> tuple[bytes, int, str]:
         """(bytes from offset, the next offset, the workload's state)."""

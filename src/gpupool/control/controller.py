@@ -10,9 +10,11 @@ from collections.abc import Callable
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpupool.backends.base import Backend
+from gpupool.backends.base import Backend, Sample
 from gpupool.control.apply import act, persist
-from gpupool.control.reconcile import reconcile
+from gpupool.control.policies import Policy, chains, effective, enforce
+from gpupool.control.reconcile import current, reconcile, record
+from gpupool.control.usage import account
 from gpupool.core import Decision, SchedulerConfig, schedule
 from gpupool.core.placement.memo import Memo
 from gpupool.store.snapshot import build_snapshot
@@ -32,6 +34,7 @@ class Controller:
         config: SchedulerConfig | None = None,
         clock: Callable[[], float] = time.time,
         max_gap_s: float = 0.5,
+        telemetry_interval_s: float = 5.0,
     ) -> None:
         self.sessions = sessions
         self.backend = backend
@@ -41,6 +44,9 @@ class Controller:
         self.max_gap_s = max_gap_s
         self.lock = threading.RLock()
         """Held by a cycle and by use cases that change running workloads (cancel), so they never interleave."""
+        self.telemetry_interval_s = telemetry_interval_s
+        self.last_sample: Sample | None = None
+        self._last_sample_at: float | None = None
         self.last_decision: Decision | None = None
         self.last_cycle_s = 0.0
         self.cycles = 0
@@ -96,20 +102,42 @@ class Controller:
             last_end = time.monotonic()
             timeout = 0.2 if busy else self.interval_s
 
+    def _sample(
+        self, s: Session, rows: list[WorkloadRow], policies: dict[int, Policy], nodes: dict[str, NodeRow], now: float
+    ) -> None:
+        last = self._last_sample_at
+        if last is not None and now - last < self.telemetry_interval_s:
+            return
+        sample = self.backend.sample()
+        # A long gap (the server was down) is not charged to anyone: usage starts again from now.
+        since = last if last is not None and now - last <= 3 * self.telemetry_interval_s else now
+        account(s, rows, sample, policies, nodes, since, now)
+        self._last_sample_at = now
+        self.last_sample = sample
+
     def cycle(self) -> bool:
         """One pass: reconcile → snapshot → schedule → persist → act. Returns whether work is in flight."""
         with self.lock, self.sessions() as s:
             started = time.perf_counter()
             now = self.clock()
             observed = self.backend.observe()
-            rows = list(s.scalars(select(WorkloadRow).where(WorkloadRow.state.in_(ACTIVE)).order_by(WorkloadRow.id)))
+            active = WorkloadRow.state.in_(ACTIVE) & WorkloadRow.hold.is_(False)
+            rows = list(s.scalars(select(WorkloadRow).where(active).order_by(WorkloadRow.id)))
             s.add_all(reconcile(rows, observed, self.backend, now))
             rows = [r for r in rows if r.state in ACTIVE]
+            queues = list(s.scalars(select(QueueRow)))
+            nodes = {n.name: n for n in s.scalars(select(NodeRow))}
+            policies = {qid: effective(chain) for qid, chain in chains(queues).items()}
+            self._sample(s, rows, policies, nodes, now)
+            for row, why in enforce(rows, policies, now):
+                for a in current(row):
+                    if a.state != "ended" and a.stop_at is None:
+                        a.stop_at = now
+                s.add(record(row, row.state, f"{why}; stopping", now))
             decision = schedule(build_snapshot(s, rows, now), self.config, memo=self._memo)
             s.add_all(persist({r.id: r for r in rows}, decision, now))
             s.commit()  # persist first: a crash from here on relaunches by allocation id, never twice
-            projects = {q.id: q.name for q in s.scalars(select(QueueRow))}
-            nodes = {n.name: n for n in s.scalars(select(NodeRow))}
+            projects = {q.id: q.name for q in queues}
             events, busy = act(rows, projects, nodes, self.backend, now)
             s.add_all(events)
             s.commit()

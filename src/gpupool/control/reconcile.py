@@ -8,6 +8,7 @@ from gpupool.backends.base import Backend, Observed
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
 
 EVICTIONS = ("reclaim", "preempt", "consolidate", "gang-broken")
+POLICY_STOPS = ("idle", "max-runtime")
 
 
 def record(row: WorkloadRow, state: str, reason: str, now: float) -> EventRow:
@@ -63,6 +64,17 @@ def _finish(row: WorkloadRow, allocs: list[AllocationRow], now: float) -> EventR
     reason = row.stop_reason
     row.stop_reason = None
     row.nominated = []
+    row.idle_since = None
+    if reason in POLICY_STOPS:
+        why = row.reason.removesuffix("; stopping")
+        if row.type == "notebook":
+            # Suspended, not requeued: its files stay; `gpupool resume` brings it back.
+            row.attempt += 1
+            row.started_at = None
+            row.hold = True
+            return record(row, "suspended", f"{why}; resume it to start again", now)
+        row.finished_at = now
+        return record(row, "failed", f"stopped by policy: {why}", now)
     if reason == "cancel":
         row.finished_at = now
         return record(row, "cancelled", row.reason.removesuffix("; stopping"), now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpupool.api.schemas import AllocationPublic, DevicePublic, EventPublic, WorkloadDetail, WorkloadPublic
+from gpupool.control.policies import Policy
 from gpupool.core import MILLI
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
 
@@ -46,6 +47,7 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
         workers=row.workers,
         attempt=row.attempt,
         exit_code=row.exit_code,
+        gpu_util_pct=row.gpu_util_pct if row.state in ("starting", "running") else None,
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
@@ -53,7 +55,7 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
 
 
 def workload_detail(
-    row: WorkloadRow, project: str, events: Sequence[EventRow], *, show_token: bool, host: str
+    row: WorkloadRow, project: str, events: Sequence[EventRow], policy: Policy, *, show_token: bool, host: str
 ) -> WorkloadDetail:
     base = workload_public(row, project).model_dump()
     allocs = live(row)
@@ -87,4 +89,9 @@ def workload_detail(
             for a in allocs
         ],
         events=[EventPublic(at=e.at, state=e.state, reason=e.reason) for e in events],
+        gpu_memory_used_mib=row.gpu_memory_used_mib if row.state in ("starting", "running") else None,
+        idle_since=row.idle_since,
+        idle_timeout_s=policy.idle_timeout_s.get(row.type),
+        max_runtime_s=policy.max_runtime_s.get(row.type),
+        idle_threshold_pct=policy.idle_threshold_pct,
     )

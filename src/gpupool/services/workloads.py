@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.api.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
+from gpupool.control.policies import Policy, effective
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Invalid, NotFound
@@ -167,7 +168,23 @@ def describe(session: Session, who: Principal, ref: str, project: str | None, ho
     names = _project_names(session)
     events = session.scalars(select(EventRow).where(EventRow.workload_id == row.id).order_by(EventRow.id)).all()
     member = who.role != "viewer" and row.project_id in who.project_ids
-    return workload_detail(row, names.get(row.project_id, "?"), events, show_token=member, host=host)
+    queue = session.get(QueueRow, row.project_id)
+    policy = effective(_chain(session, queue)) if queue is not None else Policy()
+    return workload_detail(row, names.get(row.project_id, "?"), events, policy, show_token=member, host=host)
+
+
+def resume(session: Session, who: Principal, ref: str, project: str | None) -> WorkloadPublic:
+    """A workload a policy suspended goes back in the queue, in its old place."""
+    row = find(session, who, ref, project)
+    if not who.can_write(row.project_id):
+        raise Invalid(f"your role ({who.role}) cannot resume workloads")
+    if row.state != "suspended" or not row.hold:
+        raise Conflict(f"{row.name!r} is {row.state}; only a workload suspended by a policy can be resumed")
+    now = time.time()
+    row.hold, row.reason_code, row.reason = False, None, f"resumed by {who.name}"
+    session.add(EventRow(workload_id=row.id, at=now, state=row.state, reason=row.reason))
+    session.commit()
+    return workload_public(row, _project_names(session).get(row.project_id, "?"))
 
 
 def cancel(session: Session, who: Principal, ref: str, project: str | None) -> WorkloadPublic:

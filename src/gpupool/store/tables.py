@@ -21,6 +21,8 @@ class QueueRow(Base):
     kind: Mapped[str] = mapped_column(String(16))
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("queues.id"), nullable=True)
     strict_fifo: Mapped[bool] = mapped_column(Boolean, default=False)
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """Idle and runtime limits: {"idle_timeout": {type: s}, "max_runtime": {type: s}, "idle_threshold_pct": n}."""
     created_at: Mapped[float] = mapped_column(Float)
     quotas: Mapped[list[QuotaRow]] = relationship(cascade="all, delete-orphan", lazy="selectin")
 
@@ -40,6 +42,7 @@ class UserRow(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     role: Mapped[str] = mapped_column(String(16))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str | None] = mapped_column(String(255), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 
 
@@ -99,6 +102,12 @@ class WorkloadRow(Base):
     stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     """Why its processes are being stopped: cancel, reclaim, preempt, consolidate, gang-broken, failed."""
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    hold: Mapped[bool] = mapped_column(Boolean, default=False)
+    """Suspended by a policy: not queued again until someone resumes it."""
+    gpu_util_pct: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """Last sampled GPU utilisation of its share (0-100)."""
+    gpu_memory_used_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    idle_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     queued_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -138,3 +147,14 @@ class EventRow(Base):
     at: Mapped[float] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class UsageRow(Base):
+    """What a workload held and used in one minute: milli-GPU-seconds allocated, and the busy part of them."""
+
+    __tablename__ = "usage"
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), primary_key=True)
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True, index=True)
+    pool: Mapped[str] = mapped_column(String(63))
+    milli_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    busy_milli_seconds: Mapped[float] = mapped_column(Float, default=0.0)

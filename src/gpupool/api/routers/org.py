@@ -5,6 +5,8 @@ from fastapi import APIRouter, status
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
 from gpupool.api.schemas import (
     DepartmentCreate,
+    PolicyPublic,
+    PolicyUpdate,
     ProjectCreate,
     QueuePublic,
     QuotaUpdate,
@@ -12,7 +14,7 @@ from gpupool.api.schemas import (
     UserCreated,
     UserPublic,
 )
-from gpupool.services import org
+from gpupool.services import org, policies
 
 router = APIRouter(tags=["organisation"])
 
@@ -40,6 +42,16 @@ def list_projects(session: SessionDep, who: CurrentUser) -> list[QueuePublic]:
 @router.patch("/queues/{name}/quota", response_model=QueuePublic)
 def update_quota(name: str, body: QuotaUpdate, session: SessionDep, who: CurrentUser) -> QueuePublic:
     return org.update_quota(session, who, name, body)
+
+
+@router.get("/queues/{name}/policy", response_model=PolicyPublic)
+def get_policy(name: str, session: SessionDep, who: CurrentUser) -> PolicyPublic:
+    return policies.get_policy(session, who, name)
+
+
+@router.patch("/queues/{name}/policy", response_model=PolicyPublic)
+def update_policy(name: str, body: PolicyUpdate, session: SessionDep, who: CurrentUser) -> PolicyPublic:
+    return policies.update_policy(session, who, name, body)
 
 
 @router.post("/users", response_model=UserCreated, status_code=status.HTTP_201_CREATED)

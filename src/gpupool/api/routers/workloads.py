@@ -7,8 +7,8 @@ from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
-from gpupool.api.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic, WorkloadState
-from gpupool.services import workloads
+from gpupool.api.schemas import Page, UsageReport, WorkloadCreate, WorkloadDetail, WorkloadPublic, WorkloadState
+from gpupool.services import reports, workloads
 from gpupool.services.errors import Invalid
 
 router = APIRouter(tags=["workloads"])
@@ -69,6 +69,28 @@ def cancel_workload(
         out = workloads.cancel(session, who, ref, project)
     ctx.controller.wake()
     return out
+
+
+@router.post("/workloads/{ref}/resume", response_model=WorkloadPublic)
+def resume_workload(
+    ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
+) -> WorkloadPublic:
+    with ctx.controller.lock:
+        out = workloads.resume(session, who, ref, project)
+    ctx.controller.wake()
+    return out
+
+
+@router.get("/reports/usage", response_model=UsageReport)
+def usage_report(
+    session: SessionDep,
+    ctx: ContextDep,
+    who: CurrentUser,
+    start: Annotated[float, Query(description="Unix seconds")],
+    end: Annotated[float, Query(description="Unix seconds")],
+    by: Annotated[str, Query(pattern="^(department|project|user|workload)$")] = "project",
+) -> UsageReport:
+    return reports.usage(session, who, start, end, by, ctx.settings.prices)
 
 
 @router.get("/workloads/{ref}/logs", response_class=Response)

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.backends.base import Capabilities, LaunchSpec, Observed
+from gpupool.backends.base import Capabilities, DeviceSample, LaunchSpec, MemberSample, Observed, Sample
 from gpupool.backends.local.gpus import Discovered
 from gpupool.backends.local.mps import MpsDaemon, mps_env
+from gpupool.backends.local.telemetry import CpuActivity, NvmlReader, process_groups
 from gpupool.core import Node
 
 # "$1" is the exit file; the rest is the member's argv, run without any shell interpretation of its words.
@@ -35,6 +36,8 @@ class _Run:
     pid: int
     start_ticks: int
     enforced: bool
+    devices: tuple[tuple[int, int, int], ...] = ()
+    """(index, milli, memory MiB) of each device it holds."""
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -75,6 +78,11 @@ class LocalBackend:
         self._mps: MpsDaemon | None = None
         if not gpus.simulated and shutil.which("nvidia-cuda-mps-control"):
             self._mps = MpsDaemon(data_dir / "mps")
+        self._activity = CpuActivity()
+        self._nvml: NvmlReader | None = None
+        if not gpus.simulated:
+            with contextlib.suppress(Exception):  # no driver after all: the model stands in
+                self._nvml = NvmlReader()
         self._capabilities = Capabilities(
             "local",
             fractions_enforced=self._mps is not None,
@@ -121,11 +129,13 @@ class LocalBackend:
                     start_new_session=True,
                     close_fds=True,
                 )
-            run = _Run(spec.alloc_id, proc.pid, _start_ticks(proc.pid) or 0, enforced)
+            grants = tuple((d.index, d.milli, d.memory_mib) for d in spec.devices)
+            run = _Run(spec.alloc_id, proc.pid, _start_ticks(proc.pid) or 0, enforced, grants)
             self._runs[spec.alloc_id] = run
             self._children[spec.alloc_id] = proc
             tmp = self._record(spec.alloc_id).with_suffix(".tmp")
-            tmp.write_text(json.dumps({"pid": run.pid, "start_ticks": run.start_ticks, "enforced": enforced}))
+            record = {"pid": run.pid, "start_ticks": run.start_ticks, "enforced": enforced, "devices": grants}
+            tmp.write_text(json.dumps(record))
             tmp.replace(self._record(spec.alloc_id))
         threading.Thread(target=self._reap, args=(proc,), daemon=True, name=f"reap-{spec.alloc_id}").start()
 
@@ -162,6 +172,40 @@ class LocalBackend:
             with contextlib.suppress(FileNotFoundError):
                 (self._run_dir / f"{alloc_id}{suffix}").unlink()
 
+    def sample(self) -> Sample:
+        with self._lock:
+            runs = [r for r in self._runs.values() if self._alive(r)]
+        use = process_groups()
+        cpu = self._activity.measure([r.pid for r in runs], use)
+        read = self._nvml.read(len(self.gpus.devices)) if self._nvml is not None else None
+        members: dict[str, MemberSample] = {}
+        dev_util: dict[int, float] = {}
+        dev_mem: dict[int, int] = {}
+        for r in runs:
+            if not r.devices:
+                continue
+            granted = sum(m for _, _, m in r.devices)
+            group = use.get(r.pid)
+            if read is None:  # modelled: a busy process keeps its share busy; memory is its RSS, up to the grant
+                util, mem = cpu.get(r.pid, 0), min(granted, group.rss_mib if group else 0)
+            else:
+                devices, per_pid = read
+                util = round(sum(devices[i][0] for i, _, _ in r.devices) / len(r.devices))
+                mem = sum(per_pid.get(pid, 0) for pid in (group.pids if group else ()))
+            members[r.alloc_id] = MemberSample(util, mem)
+            for index, milli, memory in r.devices:
+                dev_util[index] = dev_util.get(index, 0.0) + util * milli / 1000
+                dev_mem[index] = dev_mem.get(index, 0) + mem * memory // max(1, granted)
+        devices_out = []
+        for d in self.gpus.devices:
+            util_pct, used = round(dev_util.get(d.index, 0.0)), dev_mem.get(d.index, 0)
+            if read is not None:
+                util_pct, used = read[0][d.index]
+            devices_out.append(
+                DeviceSample(self.node_name, d.index, self.gpus.uuids[d.index], d.model, min(100, util_pct), used)
+            )
+        return Sample(members, tuple(devices_out), modelled=read is None)
+
     # -- internals -----------------------------------------------------------------------------------------
     def _record(self, alloc_id: str) -> Path:
         return self._run_dir / f"{alloc_id}.json"
@@ -178,7 +222,14 @@ class LocalBackend:
         for rec in sorted(self._run_dir.glob("*.json")):
             with contextlib.suppress(OSError, ValueError, KeyError):
                 data = json.loads(rec.read_text())
-                self._runs[rec.stem] = _Run(rec.stem, int(data["pid"]), int(data["start_ticks"]), data["enforced"])
+                grants = tuple(tuple(int(x) for x in d) for d in data.get("devices", ()))
+                self._runs[rec.stem] = _Run(
+                    rec.stem,
+                    int(data["pid"]),
+                    int(data["start_ticks"]),
+                    data["enforced"],
+                    grants,  # type: ignore[arg-type]
+                )
 
     def _reap(self, proc: subprocess.Popen[bytes]) -> None:
         proc.wait()

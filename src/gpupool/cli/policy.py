@@ -1,0 +1,125 @@
+"""Idle and runtime policies (`gpupool project policy`, `gpupool department policy`) and usage reports."""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpupool.api.schemas import PolicyPublic, PolicyUpdate
+from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail
+
+report_app = typer.Typer(help="Usage and cost reports.", no_args_is_help=True)
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+TYPES = ("notebook", "training", "inference", "batch")
+
+
+def parse_duration(text: str) -> float:
+    m = _DURATION.match(text.strip())
+    if not m:
+        fail(f"{text!r}: expected a duration like 30m, 2h, 90s or 1d", 2)
+    return float(m.group(1)) * _UNIT[m.group(2) or "s"]
+
+
+def _limits(items: list[str] | None, flag: str) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for item in items or []:
+        kind, sep, value = item.partition("=")
+        if not sep or kind not in TYPES:
+            fail(f"{flag} {item!r}: expected TYPE=DURATION (or TYPE=none), TYPE one of {', '.join(TYPES)}", 2)
+        out[kind] = None if value in ("none", "off", "") else parse_duration(value)
+    return out
+
+
+def _show(p: PolicyPublic) -> None:
+    print(f"policy of {p.queue} (effective; set by):")
+    for kind in TYPES:
+        idle = p.idle_timeout_s.get(kind)
+        run = p.max_runtime_s.get(kind)
+        if idle is None and run is None:
+            continue
+        parts = []
+        if idle is not None:
+            parts.append(f"idle timeout {idle:g}s ({p.source.get('idle_timeout.' + kind, '?')})")
+        if run is not None:
+            parts.append(f"max runtime {run:g}s ({p.source.get('max_runtime.' + kind, '?')})")
+        print(f"  {kind:<10} " + ", ".join(parts))
+    print(f"  idle below {p.idle_threshold_pct}% GPU utilisation")
+
+
+def policy(
+    name: str,
+    idle_timeout: Annotated[
+        list[str] | None, typer.Option("--idle-timeout", help="TYPE=DURATION, e.g. notebook=30m (repeatable).")
+    ] = None,
+    max_runtime: Annotated[
+        list[str] | None, typer.Option("--max-runtime", help="TYPE=DURATION, e.g. training=24h (repeatable).")
+    ] = None,
+    threshold: Annotated[
+        int | None, typer.Option("--idle-threshold", help="Percent GPU utilisation below which work is idle.")
+    ] = None,
+    output: Output = OutputOpt,
+) -> None:
+    """Show, or set (admins), the idle and runtime limits of a department or project."""
+    with client() as c:
+        if idle_timeout or max_runtime or threshold is not None:
+            body = PolicyUpdate(
+                idle_timeout_s=_limits(idle_timeout, "--idle-timeout"),
+                max_runtime_s=_limits(max_runtime, "--max-runtime"),
+                idle_threshold_pct=threshold,
+            )
+            p = c.update_policy(name, body)
+        else:
+            p = c.get_policy(name)
+    emit_json(p) if output is Output.json else _show(p)
+
+
+def _when(text: str) -> float:
+    if text == "now":
+        return datetime.now(UTC).timestamp()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"{text!r}: expected a date or time like 2026-11-01 or 2026-11-01T09:00 (UTC), or now", 2)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+@report_app.command("usage")
+def usage(
+    start: Annotated[str, typer.Option("--from", help="Start, ISO date or time (UTC).")],
+    end: Annotated[str, typer.Option("--to", help="End, ISO date or time (UTC), or now.")] = "now",
+    by: Annotated[str, typer.Option("--by", help="department, project, user or workload.")] = "project",
+    output: Annotated[str, typer.Option("-o", "--output", help="table, json or csv.")] = "table",
+) -> None:
+    """GPU-hours and cost by department, project or user, split into busy and idle-allocated."""
+    if output not in ("table", "json", "csv"):
+        fail("-o must be table, json or csv", 2)
+    with client() as c:
+        report = c.usage(_when(start), _when(end), by)
+    if output == "json":
+        emit_json(report)
+        return
+    cols = ("key", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "cost", "busy_cost", "idle_cost")
+    lines = [*report.lines, report.total]
+    if output == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow([by if col == "key" else col for col in cols])
+        for line in lines:
+            writer.writerow([getattr(line, col) for col in cols])
+        return
+    table = Table(title=f"usage by {by}")
+    for col in (by.upper(), "GPU-HOURS", "BUSY", "IDLE", "COST", "BUSY COST", "IDLE COST"):
+        table.add_column(col)
+    for line in lines:
+        table.add_row(
+            line.key, f"{line.gpu_hours:.2f}", f"{line.busy_gpu_hours:.2f}", f"{line.idle_gpu_hours:.2f}",
+            f"{line.cost:.2f}", f"{line.busy_cost:.2f}", f"{line.idle_cost:.2f}",
+        )  # fmt: skip
+    Console().print(table)

@@ -1,0 +1,60 @@
+"""Telemetry written down: each running workload's utilisation, idle clock, and its usage per minute."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sqlalchemy.orm import Session
+
+from gpupool.backends.base import Sample
+from gpupool.control.policies import Policy
+from gpupool.control.reconcile import current
+from gpupool.store.tables import NodeRow, UsageRow, WorkloadRow
+
+
+def account(
+    session: Session,
+    rows: Sequence[WorkloadRow],
+    sample: Sample,
+    policies: Mapping[int, Policy],
+    nodes: Mapping[str, NodeRow],
+    since: float,
+    now: float,
+) -> None:
+    """Charge the interval [since, now) to every running workload: allocated milli-GPU-seconds, and the busy
+    part by its sampled utilisation; start or clear its idle clock."""
+    dt = max(0.0, now - since)
+    minute = int(now // 60)
+    for row in rows:
+        if row.state not in ("starting", "running"):
+            continue
+        allocs = [a for a in current(row) if a.state in ("launched", "ready")]
+        milli = sum(int(d["milli"]) for a in allocs for d in a.devices)
+        if not allocs or milli == 0:
+            continue
+        weighted = 0.0
+        memory = 0
+        for a in allocs:
+            seen = sample.members.get(a.id)
+            share = sum(int(d["milli"]) for d in a.devices)
+            if seen is not None:
+                weighted += seen.util_pct * share
+                memory += seen.memory_used_mib
+        util = round(weighted / milli)
+        row.gpu_util_pct, row.gpu_memory_used_mib = util, memory
+        if util < policies[row.project_id].idle_threshold_pct:
+            row.idle_since = row.idle_since if row.idle_since is not None else since
+        else:
+            row.idle_since = None
+        if dt == 0:
+            continue
+        node = nodes.get(allocs[0].node)
+        usage = session.get(UsageRow, (row.id, minute))
+        if usage is None:
+            usage = UsageRow(
+                workload_id=row.id, minute=minute, pool=node.pool if node else "", milli_seconds=0.0,
+                busy_milli_seconds=0.0,
+            )  # fmt: skip
+            session.add(usage)
+        usage.milli_seconds += milli * dt
+        usage.busy_milli_seconds += milli * dt * util / 100
