@@ -134,6 +134,7 @@ def test_login_saves_the_connection_privately_and_whoami_reads_it(org_server: Se
     s = org_server
     token = s.json("user", "create", "carol", "--project", "nlp")["token"]
     env_less = s.env | {"XDG_CONFIG_HOME": str(s.root / "carol")}
+
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([GPUPOOL, *args], env=env_less, capture_output=True, text=True, timeout=60)
 

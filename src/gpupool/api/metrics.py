@@ -1,31 +1,31 @@
-"""/metrics in Prometheus's format, computed from the store at scrape time."""
+"""/metrics in Prometheus's format, computed at scrape time from the store and the loop's last sample.
+
+Device metrics use the DCGM exporter's names and labels, so dashboards built for it work unchanged.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpupool.control.controller import Controller
-from gpupool.store.tables import AllocationRow, NodeRow, QueueRow, WorkloadRow
+from gpupool.store.tables import AllocationRow, EventRow, NodeRow, QueueRow, UsageRow, WorkloadRow
+
+_DCGM = ["gpu", "UUID", "Hostname", "modelName"]
 
 
 def render(session: Session, controller: Controller) -> tuple[bytes, str]:
     reg = CollectorRegistry()
-    device = Gauge(
-        "gpupool_device_allocated_ratio", "Share of a GPU allocated (0..1)", ["node", "device", "model"], registry=reg
-    )
-    project = Gauge("gpupool_project_allocated_gpus", "GPUs allocated to a project", ["project"], registry=reg)
-    deserved = Gauge("gpupool_project_deserved_gpus", "GPUs a project is guaranteed", ["project", "pool"], registry=reg)
-    depth = Gauge("gpupool_queue_depth", "Workloads waiting to start", ["project"], registry=reg)
-    states = Gauge("gpupool_workloads", "Workloads by state", ["state"], registry=reg)
-    cycle = Gauge("gpupool_scheduler_cycle_seconds", "Duration of the last scheduling cycle", registry=reg)
-    cycles = Gauge("gpupool_scheduler_cycles", "Scheduling cycles run since start", registry=reg)
-
+    g = _Gauges(reg)
     names = {q.id: q.name for q in session.scalars(select(QueueRow))}
+    projects = {q.id: q for q in session.scalars(select(QueueRow).where(QueueRow.kind == "project"))}
+
     used: dict[tuple[str, int], int] = {}
-    per_project: dict[str, int] = {n: 0 for i, n in names.items()}
+    per_project: dict[int, int] = dict.fromkeys(projects, 0)
     rows = session.execute(
         select(AllocationRow.node, AllocationRow.devices, WorkloadRow.project_id)
         .join(WorkloadRow, AllocationRow.workload_id == WorkloadRow.id)
@@ -33,25 +33,95 @@ def render(session: Session, controller: Controller) -> tuple[bytes, str]:
     )
     for node, devices, project_id in rows:
         for d in devices:
-            used[(node, int(d["index"]))] = used.get((node, int(d["index"])), 0) + int(d["milli"])
-            per_project[names[project_id]] = per_project.get(names[project_id], 0) + int(d["milli"])
+            key = (node, int(d["index"]))
+            used[key] = used.get(key, 0) + int(d["milli"])
+            per_project[project_id] = per_project.get(project_id, 0) + int(d["milli"])
     for n in session.scalars(select(NodeRow)):
         for d in n.devices:
-            device.labels(n.name, str(d["index"]), str(d["model"])).set(used.get((n.name, int(d["index"])), 0) / 1000)
-    for q in session.scalars(select(QueueRow).where(QueueRow.kind == "project")):
-        project.labels(q.name).set(per_project.get(q.name, 0) / 1000)
+            ratio = used.get((n.name, int(d["index"])), 0) / 1000
+            g.device_allocated.labels(n.name, str(d["index"]), str(d["model"])).set(ratio)
+    sample = controller.last_sample
+    for dev in sample.devices if sample else ():
+        labels = (str(dev.index), dev.uuid, dev.node, dev.model)
+        g.dcgm_util.labels(*labels).set(dev.util_pct)
+        g.dcgm_fb_used.labels(*labels).set(dev.memory_used_mib)
+    for pid, q in projects.items():
+        g.project_allocated.labels(q.name).set(per_project.get(pid, 0) / 1000)
         for quota in q.quotas:
-            deserved.labels(q.name, quota.pool).set(quota.deserved_milli / 1000)
-        depth.labels(q.name).set(0)
+            g.project_deserved.labels(q.name, quota.pool).set(quota.deserved_milli / 1000)
+            if quota.limit_milli is not None:
+                g.project_limit.labels(q.name, quota.pool).set(quota.limit_milli / 1000)
+        g.queue_depth.labels(q.name).set(0)
+        g.oldest_pending.labels(q.name).set(0)
+    decision = controller.last_decision
+    for share in decision.shares if decision else ():
+        g.fair_share.labels(share.queue, share.pool).set(share.fair_share / 1000)
+    now = time.time()
     waiting = session.execute(
-        select(WorkloadRow.project_id, func.count())
-        .where(WorkloadRow.state.in_(("pending", "preempted", "suspended")))
+        select(WorkloadRow.project_id, func.count(), func.min(WorkloadRow.queued_at))
+        .where(WorkloadRow.state.in_(("pending", "preempted", "suspended")), WorkloadRow.hold.is_(False))
         .group_by(WorkloadRow.project_id)
     )
-    for project_id, count in waiting:
-        depth.labels(names[project_id]).set(count)
+    for project_id, count, oldest in waiting:
+        g.queue_depth.labels(names[project_id]).set(count)
+        g.oldest_pending.labels(names[project_id]).set(max(0.0, now - oldest))
     for state, count in session.execute(select(WorkloadRow.state, func.count()).group_by(WorkloadRow.state)):
-        states.labels(state).set(count)
-    cycle.set(controller.last_cycle_s)
-    cycles.set(controller.cycles)
+        g.states.labels(state).set(count)
+    for reason in ("reclaim", "preempt", "consolidate", "gang-broken", "idle", "max-runtime"):
+        n = session.scalar(select(func.count()).select_from(EventRow).where(EventRow.reason.like(f"{reason}:%")))
+        g.evictions.labels(reason).inc(n or 0)
+    usage = session.execute(
+        select(WorkloadRow.project_id, func.sum(UsageRow.milli_seconds), func.sum(UsageRow.busy_milli_seconds))
+        .join(WorkloadRow, UsageRow.workload_id == WorkloadRow.id)
+        .group_by(WorkloadRow.project_id)
+    )
+    for project_id, allocated, busy in usage:
+        g.allocated_seconds.labels(names[project_id]).inc((allocated or 0) / 1000)
+        g.idle_seconds.labels(names[project_id]).inc(max(0.0, (allocated or 0) - (busy or 0)) / 1000)
+    g.cycle.set(controller.last_cycle_s)
+    g.cycles.set(controller.cycles)
     return generate_latest(reg), CONTENT_TYPE_LATEST
+
+
+class _Gauges:
+    def __init__(self, reg: CollectorRegistry) -> None:
+        self.dcgm_util = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", _DCGM, registry=reg)
+        self.dcgm_fb_used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", _DCGM, registry=reg)
+        self.device_allocated = Gauge(
+            "gpupool_device_allocated_ratio",
+            "Share of a GPU allocated (0-1).",
+            ["node", "device", "model"],
+            registry=reg,
+        )
+        self.project_allocated = Gauge(
+            "gpupool_project_allocated_gpus", "GPUs allocated to a project now.", ["project"], registry=reg
+        )
+        self.project_deserved = Gauge(
+            "gpupool_project_deserved_gpus", "GPUs a project is guaranteed.", ["project", "pool"], registry=reg
+        )
+        self.project_limit = Gauge(
+            "gpupool_project_limit_gpus", "A project's hard cap on GPUs.", ["project", "pool"], registry=reg
+        )
+        self.fair_share = Gauge(
+            "gpupool_queue_fair_share_gpus", "Fair share of a department or project in the last cycle.",
+            ["queue", "pool"], registry=reg,
+        )  # fmt: skip
+        self.queue_depth = Gauge("gpupool_queue_depth", "Workloads waiting to start.", ["project"], registry=reg)
+        self.oldest_pending = Gauge(
+            "gpupool_pending_oldest_age_seconds", "Age of the oldest waiting workload.", ["project"], registry=reg
+        )
+        self.states = Gauge("gpupool_workloads", "Workloads by state.", ["state"], registry=reg)
+        self.evictions = Counter(
+            "gpupool_evictions", "Workloads stopped by the scheduler or a policy, by reason.", ["reason"], registry=reg
+        )
+        self.allocated_seconds = Counter(
+            "gpupool_allocated_gpu_seconds", "GPU-seconds allocated, by project.", ["project"], registry=reg
+        )
+        self.idle_seconds = Counter(
+            "gpupool_idle_allocated_gpu_seconds",
+            "GPU-seconds allocated but idle, by project.",
+            ["project"],
+            registry=reg,
+        )
+        self.cycle = Gauge("gpupool_scheduler_cycle_seconds", "Duration of the last scheduling cycle.", registry=reg)
+        self.cycles = Gauge("gpupool_scheduler_cycles", "Scheduling cycles run since start.", registry=reg)

@@ -124,7 +124,7 @@ class Controller:
             active = WorkloadRow.state.in_(ACTIVE) & WorkloadRow.hold.is_(False)
             rows = list(s.scalars(select(WorkloadRow).where(active).order_by(WorkloadRow.id)))
             s.add_all(reconcile(rows, observed, self.backend, now))
-            rows = [r for r in rows if r.state in ACTIVE]
+            rows = [r for r in rows if r.state in ACTIVE and not r.hold]
             queues = list(s.scalars(select(QueueRow)))
             nodes = {n.name: n for n in s.scalars(select(NodeRow))}
             policies = {qid: effective(chain) for qid, chain in chains(queues).items()}

@@ -20,7 +20,7 @@ from pathlib import Path
 from gpupool.backends.base import Capabilities, DeviceSample, LaunchSpec, MemberSample, Observed, Sample
 from gpupool.backends.local.gpus import Discovered
 from gpupool.backends.local.mps import MpsDaemon, mps_env
-from gpupool.backends.local.telemetry import CpuActivity, NvmlReader, process_groups
+from gpupool.backends.local.telemetry import CpuActivity, NvmlReader, processes, tree
 from gpupool.core import Node
 
 # "$1" is the exit file; the rest is the member's argv, run without any shell interpretation of its words.
@@ -143,8 +143,13 @@ class LocalBackend:
         with self._lock:
             run = self._runs.get(alloc_id)
         if run is not None and self._alive(run):
+            # Descendants that left the group (a Jupyter kernel has a session of its own) are signalled too.
+            strays = [p.pid for p in tree(processes(), run.pid)] if force else []
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.pid, signal.SIGKILL if force else signal.SIGTERM)
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
 
     def observe(self) -> dict[str, Observed]:
         with self._lock:
@@ -175,24 +180,24 @@ class LocalBackend:
     def sample(self) -> Sample:
         with self._lock:
             runs = [r for r in self._runs.values() if self._alive(r)]
-        use = process_groups()
-        cpu = self._activity.measure([r.pid for r in runs], use)
+        procs = processes()
+        cpu = self._activity.measure([r.pid for r in runs], procs)
         read = self._nvml.read(len(self.gpus.devices)) if self._nvml is not None else None
-        members: dict[str, MemberSample] = {}
+        samples: dict[str, MemberSample] = {}
         dev_util: dict[int, float] = {}
         dev_mem: dict[int, int] = {}
         for r in runs:
             if not r.devices:
                 continue
             granted = sum(m for _, _, m in r.devices)
-            group = use.get(r.pid)
+            members = tree(procs, r.pid)
             if read is None:  # modelled: a busy process keeps its share busy; memory is its RSS, up to the grant
-                util, mem = cpu.get(r.pid, 0), min(granted, group.rss_mib if group else 0)
+                util, mem = cpu.get(r.pid, 0), min(granted, sum(p.rss_mib for p in members))
             else:
                 devices, per_pid = read
                 util = round(sum(devices[i][0] for i, _, _ in r.devices) / len(r.devices))
-                mem = sum(per_pid.get(pid, 0) for pid in (group.pids if group else ()))
-            members[r.alloc_id] = MemberSample(util, mem)
+                mem = sum(per_pid.get(p.pid, 0) for p in members)
+            samples[r.alloc_id] = MemberSample(util, mem)
             for index, milli, memory in r.devices:
                 dev_util[index] = dev_util.get(index, 0.0) + util * milli / 1000
                 dev_mem[index] = dev_mem.get(index, 0) + mem * memory // max(1, granted)
@@ -204,7 +209,7 @@ class LocalBackend:
             devices_out.append(
                 DeviceSample(self.node_name, d.index, self.gpus.uuids[d.index], d.model, min(100, util_pct), used)
             )
-        return Sample(members, tuple(devices_out), modelled=read is None)
+        return Sample(samples, tuple(devices_out), modelled=read is None)
 
     # -- internals -----------------------------------------------------------------------------------------
     def _record(self, alloc_id: str) -> Path:

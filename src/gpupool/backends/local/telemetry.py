@@ -18,44 +18,57 @@ _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
 
 
 @dataclass(frozen=True, slots=True)
-class GroupUse:
+class Proc:
+    pid: int
+    ppid: int
     cpu_s: float
+    """User and system time, including children it has reaped."""
     rss_mib: int
-    pids: tuple[int, ...]
 
 
-def process_groups() -> dict[int, GroupUse]:
-    """CPU seconds (including reaped children) and resident memory of every process group on the host."""
-    cpu: dict[int, float] = {}
-    rss: dict[int, int] = {}
-    pids: dict[int, list[int]] = {}
+def processes() -> dict[int, Proc]:
+    out: dict[int, Proc] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-            pgrp = int(fields[2])
             ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-            cpu[pgrp] = cpu.get(pgrp, 0.0) + ticks / _TICK
-            rss[pgrp] = rss.get(pgrp, 0) + int(int(fields[21]) * _PAGE_MIB)
-            pids.setdefault(pgrp, []).append(int(entry.name))
-    return {g: GroupUse(cpu[g], rss[g], tuple(pids[g])) for g in cpu}
+            pid = int(entry.name)
+            out[pid] = Proc(pid, int(fields[1]), ticks / _TICK, int(int(fields[21]) * _PAGE_MIB))
+    return out
+
+
+def tree(procs: dict[int, Proc], root: int) -> list[Proc]:
+    """A member's root process and all its descendants, wherever they moved (a Jupyter kernel starts a
+    session of its own, so the process group alone would miss it)."""
+    children: dict[int, list[int]] = {}
+    for p in procs.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    out: list[Proc] = []
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        if pid in procs:
+            out.append(procs[pid])
+            stack.extend(children.get(pid, ()))
+    return out
 
 
 class CpuActivity:
-    """Utilisation per process group between successive calls, as a share of one CPU core (0-100)."""
+    """Utilisation of each process tree between successive calls, as a share of one CPU core (0-100)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._last: dict[int, tuple[float, float]] = {}
 
-    def measure(self, groups: Iterable[int], use: dict[int, GroupUse]) -> dict[int, int]:
+    def measure(self, roots: Iterable[int], procs: dict[int, Proc]) -> dict[int, int]:
         now = self._clock()
         out: dict[int, int] = {}
         seen = set()
-        for g in groups:
+        for g in roots:
             seen.add(g)
-            cpu = use[g].cpu_s if g in use else 0.0
+            cpu = sum(p.cpu_s for p in tree(procs, g))
             prev = self._last.get(g)
             self._last[g] = (now, cpu)
             if prev is None or now <= prev[0]:
