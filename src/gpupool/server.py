@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from gpupool.api.app import create_app
 from gpupool.api.deps import Context
 from gpupool.backends.local import GpuSpecError, LocalBackend, discover
 from gpupool.control.controller import Controller
+from gpupool.services.auth import PrincipalCache
 from gpupool.services.org import ensure_admin
 from gpupool.settings import Settings
 from gpupool.store.engine import make_engine, migrate, session_factory
@@ -31,6 +33,16 @@ def write_admin_token(data_dir: Path, token: str) -> Path:
         f.write(token + "\n")
     os.chmod(path, 0o600)
     return path
+
+
+def session_secret(data_dir: Path) -> bytes:
+    """The key that signs portal sessions: made on first start, kept in the data dir (mode 600)."""
+    path = data_dir / "session-secret"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return bytes.fromhex(path.read_text().strip())
 
 
 def build(settings: Settings) -> tuple[Context, str | None]:
@@ -61,7 +73,8 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     )
     holder.append(controller)
     controller.register_nodes()
-    return Context(settings, sessions, backend, controller), token_path
+    principals = PrincipalCache(secret=session_secret(settings.data_dir))
+    return Context(settings, sessions, backend, controller, principals), token_path
 
 
 def serve(settings: Settings, announce: bool = True) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
 
 from gpupool import __version__
 from gpupool.api.deps import Context
-from gpupool.api.routers import nodes, org, system, workloads
+from gpupool.api.routers import nodes, org, portal, system, workloads
+from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
 
 
@@ -30,6 +34,27 @@ def create_app(ctx: Context) -> FastAPI:
         return JSONResponse({"detail": exc.message}, status_code=exc.status)
 
     app.include_router(system.router)
-    for r in (org.router, workloads.router, nodes.router):
+    for r in (org.router, workloads.router, nodes.router, portal.router):
         app.include_router(r, prefix="/api/v1")
+
+    # The portal: static files that hold no data; every figure they show comes from the API with the
+    # caller's token. A strict policy keeps injected markup from running or loading anything.
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/portal", StaticFiles(directory=STATIC), name="portal")
+
+    @app.middleware("http")
+    async def _headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+        )
+        return response
+
     return app

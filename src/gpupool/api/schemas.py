@@ -241,6 +241,45 @@ class NodePublic(Wire):
     devices: list[DeviceUsage]
 
 
+class LoginRequest(Wire):
+    name: str = Field(max_length=63)
+    password: str = Field(max_length=1024)
+
+
+class LoginResponse(Wire):
+    token: str
+    expires_at: float
+    name: str
+    role: Role
+
+
+class PasswordSet(Wire):
+    password: str = Field(min_length=8, max_length=1024)
+
+
+class ShareLine(Wire):
+    """A department's or project's standing in one pool, from the last scheduling cycle (GPUs)."""
+
+    queue: str
+    kind: Literal["department", "project"]
+    parent: str | None
+    pool: str
+    deserved: float
+    fair_share: float
+    allocated: float
+    limit: float | None
+    demand: float
+    pending: int
+
+
+class TimelinePoint(Wire):
+    at: float
+    allocated_gpus: float
+    busy_gpus: float
+    by_project: dict[str, list[float]]
+    """project → [allocated, busy] GPUs over the minute."""
+
+
 class WhoAmI(Wire):
     name: str
     role: Role

@@ -50,8 +50,11 @@ class PrincipalCache:
     """Who a token belongs to, remembered for a few seconds: most requests then cost no query for it.
     Users and memberships change only through the admin API, which clears it."""
 
-    def __init__(self, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic, secret: bytes | None = None
+    ) -> None:
         self.ttl_s = ttl_s
+        self.secret = secret
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, Principal]] = {}
@@ -68,7 +71,7 @@ class PrincipalCache:
             return hit
         key = hash_token(token)
         now = self._clock()
-        who = authenticate(session, token)
+        who = authenticate(session, token, self.secret)
         if who is not None:
             with self._lock:
                 if len(self._entries) > 10_000:
@@ -81,10 +84,16 @@ class PrincipalCache:
             self._entries.clear()
 
 
-def authenticate(session: Session, token: str) -> Principal | None:
+def authenticate(session: Session, token: str, secret: bytes | None = None) -> Principal | None:
     if not token or len(token) > 256:
         return None
-    user = session.scalar(select(UserRow).where(UserRow.token_hash == hash_token(token)))
+    if token.startswith("gps_"):
+        from gpupool.services.sessions import session_user
+
+        user_id = session_user(secret, token, time.time()) if secret else None
+        user = session.get(UserRow, user_id) if user_id is not None else None
+    else:
+        user = session.scalar(select(UserRow).where(UserRow.token_hash == hash_token(token)))
     if user is None:
         return None
     projects = session.scalars(select(MembershipRow.project_id).where(MembershipRow.user_id == user.id))

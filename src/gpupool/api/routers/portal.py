@@ -1,0 +1,46 @@
+"""Sign-in, and the read models the portal draws; the portal's own files are static."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
+from gpupool.api.schemas import LoginRequest, LoginResponse, PasswordSet, ShareLine, TimelinePoint
+from gpupool.services import insight, sessions
+from gpupool.services.auth import authenticate
+
+router = APIRouter(tags=["portal"])
+
+
+@router.post("/login", response_model=LoginResponse)
+def login(body: LoginRequest, session: SessionDep, ctx: ContextDep) -> LoginResponse:
+    """Trade a name and password for a session token (12 hours). The one call that needs no token."""
+    secret = ctx.principals.secret or b""
+    token, expiry = sessions.login(session, body.name, body.password, secret)
+    who = authenticate(session, token, secret)
+    assert who is not None
+    return LoginResponse(token=token, expires_at=expiry, name=who.name, role=who.role)
+
+
+@router.put("/users/{name}/password", status_code=204)
+def set_password(name: str, body: PasswordSet, session: SessionDep, who: CurrentUser) -> None:
+    sessions.set_password(session, who, name, body.password)
+
+
+@router.get("/shares", response_model=list[ShareLine])
+def get_shares(session: SessionDep, ctx: ContextDep, who: CurrentUser) -> list[ShareLine]:
+    return insight.shares(session, who, ctx.controller.last_decision)
+
+
+@router.get("/reports/timeline", response_model=list[TimelinePoint])
+def get_timeline(
+    session: SessionDep,
+    who: CurrentUser,
+    start: Annotated[float | None, Query()] = None,
+    end: Annotated[float | None, Query()] = None,
+) -> list[TimelinePoint]:
+    now = time.time()
+    return insight.timeline(session, who, start if start is not None else now - 3600, end if end is not None else now)

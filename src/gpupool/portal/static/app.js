@@ -1,0 +1,332 @@
+// gpupool's portal: a few pages over the same API the CLI uses, with the caller's own token and rights.
+// Everything shown that came from a user goes through text nodes or esc(), never raw HTML.
+"use strict";
+
+const main = document.getElementById("main");
+const TYPES = ["notebook", "training", "inference", "batch"];
+let me = null;
+let timer = null;
+
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+const token = () => sessionStorage.getItem("gpupool-token");
+const fmt = (x, d = 2) => Number(x ?? 0).toFixed(d);
+const age = (t) => { const s = Math.max(0, Math.round(Date.now() / 1000 - t)); return s >= 3600 ? `${Math.floor(s / 3600)}h` : s >= 60 ? `${Math.floor(s / 60)}m` : `${s}s`; };
+
+async function api(path, opts = {}) {
+  const headers = { Authorization: `Bearer ${token()}`, ...(opts.body ? { "Content-Type": "application/json" } : {}) };
+  const res = await fetch(path, { ...opts, headers, body: opts.body ? JSON.stringify(opts.body) : undefined });
+  if (res.status === 401) { signOut(); throw new Error("signed out"); }
+  if (!res.ok) {
+    let reason = res.statusText;
+    try { const j = await res.json(); reason = Array.isArray(j.detail) ? j.detail.map((e) => `${e.loc.slice(1).join(".")}: ${e.msg}`).join("; ") : j.detail; } catch (e) { /* not JSON */ }
+    throw new Error(reason);
+  }
+  const type = res.headers.get("content-type") || "";
+  return type.includes("json") ? res.json() : res.text();
+}
+
+function signOut() {
+  sessionStorage.removeItem("gpupool-token");
+  me = null;
+  location.hash = "#/login";
+}
+
+function el(html) { const t = document.createElement("template"); t.innerHTML = html.trim(); return t.content.firstElementChild; }
+
+// ---- sign in ----------------------------------------------------------------------------------------------
+function loginPage() {
+  main.replaceChildren(el(`<section style="max-width:420px">
+    <h2>Sign in to gpupool</h2>
+    <form id="pw"><label><span>Name</span><input name="name" autocomplete="username"></label>
+      <label><span>Password</span><input name="password" type="password" autocomplete="current-password"></label>
+      <button>Sign in</button></form>
+    <p class="reason">or with a token (<code>gpupool user create</code> prints one):</p>
+    <form id="tok"><label><span>Token</span><input name="token" type="password"></label><button>Use token</button></form>
+    <p id="err" class="error"></p></section>`));
+  const fail = (e) => { document.getElementById("err").textContent = e.message; };
+  document.getElementById("pw").onsubmit = async (ev) => {
+    ev.preventDefault();
+    const f = new FormData(ev.target);
+    try {
+      const res = await fetch("/api/v1/login", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ name: f.get("name"), password: f.get("password") }) });
+      const j = await res.json();
+      if (!res.ok) throw new Error(j.detail || "sign-in failed");
+      sessionStorage.setItem("gpupool-token", j.token);
+      await start();
+    } catch (e) { fail(e); }
+  };
+  document.getElementById("tok").onsubmit = async (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem("gpupool-token", new FormData(ev.target).get("token"));
+    try { await start(); } catch (e) { fail(new Error("that token is not valid")); }
+  };
+}
+
+// ---- my workloads -------------------------------------------------------------------------------------------
+async function workloadsPage() {
+  const projects = await api("/api/v1/projects");
+  main.replaceChildren(el(`<div>
+    <section><h2>Start a workload</h2>
+      <div class="templates">${TYPES.map((t) => `<button class="secondary" data-template="${t}">${{ notebook: "Jupyter notebook", training: "Training", inference: "Inference service", batch: "Batch sweep" }[t]}</button>`).join("")}</div>
+      <div id="form"></div></section>
+    <section><h2>My workloads</h2><table id="list"><thead><tr><th>Name</th><th>Project</th><th>Type</th><th>State</th><th>GPUs</th><th>GPU use</th><th>Age</th><th></th></tr></thead><tbody></tbody></table>
+      <div id="detail"></div></section></div>`));
+  main.querySelectorAll("[data-template]").forEach((b) => { b.onclick = () => showForm(b.dataset.template, projects); });
+  await refreshList();
+  timer = setInterval(refreshList, 2000);
+}
+
+async function showForm(type, projects) {
+  const box = document.getElementById("form");
+  const defaults = { notebook: ["fraction", 0.25], training: ["whole", 1], inference: ["fraction", 0.5], batch: ["fraction", 0.5] }[type];
+  box.replaceChildren(el(`<form id="submit">
+    <h3>New ${esc(type)}</h3>
+    <label><span>Project</span><select name="project">${projects.map((p) => `<option>${esc(p.name)}</option>`).join("")}</select></label>
+    <div id="headroom" class="headroom"></div>
+    <label><span>Name</span><input name="name" placeholder="generated if empty"></label>
+    <label><span>GPU</span><select name="kind"><option value="fraction">a fraction of one GPU</option><option value="whole">whole GPUs</option><option value="memory">GPU memory (GiB)</option><option value="none">no GPU</option></select>
+      <input name="amount" type="number" step="any" min="0" style="width:6rem"></label>
+    ${type === "training" || type === "batch" ? `<label><span>Workers</span><input name="workers" type="number" min="1" value="1" style="width:6rem"></label>` : ""}
+    ${type === "notebook" ? "" : `<label><span>Command</span><input name="command" size="60" placeholder="python train.py --epochs 10"></label>`}
+    <button>Submit</button> <span id="submit-err" class="error"></span></form>`));
+  const form = document.getElementById("submit");
+  form.kind.value = defaults[0];
+  form.amount.value = defaults[1];
+  const headroom = async () => {
+    const shares = await api("/api/v1/shares");
+    const s = shares.find((x) => x.queue === form.project.value);
+    document.getElementById("headroom").textContent = s
+      ? `Quota of ${s.queue}: ${fmt(s.deserved, 2)} GPUs deserved, ${fmt(s.allocated, 2)} in use, fair share now ${fmt(s.fair_share, 2)}` +
+        `${s.limit === null ? "" : `, limit ${fmt(s.limit, 2)}`}. Headroom within deserved: ${fmt(Math.max(0, s.deserved - s.allocated), 2)} GPUs` +
+        `${s.limit === null ? "; beyond that it can borrow idle GPUs (preemptible work only)." : `; up to ${fmt(Math.max(0, s.limit - s.allocated), 2)} with borrowing.`}`
+      : "No quota information yet for this project.";
+  };
+  form.project.onchange = headroom;
+  await headroom();
+  form.onsubmit = async (ev) => {
+    ev.preventDefault();
+    const f = new FormData(form);
+    const body = { project: f.get("project"), type };
+    if (f.get("name")) body.name = f.get("name");
+    const amount = Number(f.get("amount"));
+    if (f.get("kind") === "fraction") body.gpu = amount;
+    if (f.get("kind") === "whole") body.gpus = Math.round(amount);
+    if (f.get("kind") === "memory") body.gpu_memory = `${amount}GiB`;
+    if (f.get("workers")) body.workers = Number(f.get("workers"));
+    if (f.get("command")) body.command = ["sh", "-c", f.get("command")];
+    try {
+      await api("/api/v1/workloads", { method: "POST", body });
+      box.replaceChildren();
+      await refreshList();
+    } catch (e) { document.getElementById("submit-err").textContent = e.message; }
+  };
+}
+
+async function refreshList() {
+  const tbody = document.querySelector("#list tbody");
+  if (!tbody) return;
+  const page = await api("/api/v1/workloads?limit=200");
+  tbody.replaceChildren(...page.items.map((w) => {
+    const tr = el(`<tr data-name="${esc(w.name)}"><td>${esc(w.name)}</td><td>${esc(w.project)}</td><td>${esc(w.type)}</td>
+      <td><span class="state ${esc(w.state)}">${esc(w.state)}</span><div class="reason">${esc(w.reason)}</div></td>
+      <td>${esc(w.gpu_request)}${w.node ? `<div class="reason">${esc(w.node)}: ${w.devices.join(",")}</div>` : ""}</td>
+      <td>${w.gpu_util_pct === null ? "–" : `<span class="bar"><i style="width:${Number(w.gpu_util_pct)}%"></i></span> ${Number(w.gpu_util_pct)}%`}</td>
+      <td>${age(w.created_at)}</td><td class="actions"></td></tr>`);
+    const actions = tr.querySelector(".actions");
+    const add = (label, cls, fn) => { const b = el(`<button class="${cls}">${label}</button>`); b.onclick = fn; actions.append(b, " "); };
+    if ((w.type === "notebook" || w.type === "inference") && w.state === "running") add("Open", "", () => openWorkload(w));
+    add("Logs", "secondary", () => showLogs(w));
+    if (w.state === "suspended") add("Resume", "", () => act(w, "resume"));
+    if (!["succeeded", "failed", "cancelled"].includes(w.state)) add("Cancel", "danger", () => act(w, "cancel"));
+    return tr;
+  }));
+}
+
+const ref = (w) => `/api/v1/workloads/${encodeURIComponent(w.name)}?project=${encodeURIComponent(w.project)}`;
+
+async function act(w, verb) {
+  await api(`/api/v1/workloads/${encodeURIComponent(w.name)}/${verb}?project=${encodeURIComponent(w.project)}`, { method: "POST" });
+  await refreshList();
+}
+
+async function openWorkload(w) {
+  const d = await api(ref(w));
+  const box = document.getElementById("detail");
+  if (!d.url) { box.replaceChildren(el(`<p class="error">It has no URL yet: ${esc(d.reason)}</p>`)); return; }
+  const a = el(`<p>${esc(d.name)}: <a id="open-link" target="_blank" rel="noopener"></a></p>`);
+  a.querySelector("a").href = d.url;
+  a.querySelector("a").textContent = d.url.split("?")[0];
+  box.replaceChildren(a);
+  window.open(d.url, "_blank", "noopener");
+}
+
+async function showLogs(w) {
+  const box = document.getElementById("detail");
+  const pre = el(`<pre class="logs" id="logs"></pre>`);
+  box.replaceChildren(el(`<h3>Logs of ${esc(w.name)}</h3>`), pre);
+  let offset = 0;
+  const poll = async () => {
+    if (!document.body.contains(pre)) return;
+    const res = await fetch(`/api/v1/workloads/${encodeURIComponent(w.name)}/logs?project=${encodeURIComponent(w.project)}&offset=${offset}`, { headers: { Authorization: `Bearer ${token()}` } });
+    if (!res.ok) return;
+    offset = Number(res.headers.get("X-Next-Offset"));
+    pre.append(document.createTextNode(await res.text()));
+    if (!["succeeded", "failed", "cancelled"].includes(res.headers.get("X-Workload-State"))) setTimeout(poll, 1000);
+  };
+  await poll();
+}
+
+// ---- charts (hand-made SVG) ---------------------------------------------------------------------------------
+function lineChart(points, series, { height = 180, width = 900 } = {}) {
+  if (!points.length) return el(`<p class="reason">No usage recorded in this period yet.</p>`);
+  const max = Math.max(1, ...points.flatMap((p) => series.map((s) => s.get(p))));
+  const t0 = points[0].at, t1 = Math.max(points[points.length - 1].at, t0 + 60);
+  const x = (t) => 40 + ((t - t0) / (t1 - t0)) * (width - 60), y = (v) => height - 20 - (v / max) * (height - 40);
+  const paths = series.map((s) => `<polyline fill="none" stroke="${s.color}" stroke-width="2" points="${points.map((p) => `${x(p.at)},${y(s.get(p))}`).join(" ")}"/>`).join("");
+  const legend = series.map((s) => `<i style="background:${s.color}"></i>${esc(s.label)}`).join("");
+  return el(`<div><svg viewBox="0 0 ${width} ${height}" width="100%" role="img">
+    <line x1="40" y1="${height - 20}" x2="${width - 20}" y2="${height - 20}" stroke="#ccc"/>
+    <text x="4" y="${y(max) + 4}">${fmt(max, 1)}</text><text x="4" y="${height - 16}">0</text>
+    <text x="40" y="${height - 4}">${new Date(t0 * 1000).toLocaleTimeString()}</text>
+    <text x="${width - 110}" y="${height - 4}">${new Date(t1 * 1000).toLocaleTimeString()}</text>${paths}</svg>
+    <div class="legend">${legend}</div></div>`);
+}
+
+function barChart(rows, bars, { width = 900 } = {}) {
+  const max = Math.max(0.0001, ...rows.map((r) => bars.reduce((a, b) => a + b.get(r), 0)));
+  const h = 26 * rows.length + 10;
+  const body = rows.map((r, i) => {
+    let x = 160;
+    const parts = bars.map((b) => { const w = (b.get(r) / max) * (width - 260); const rect = `<rect x="${x}" y="${i * 26 + 4}" width="${w}" height="18" fill="${b.color}"/>`; x += w; return rect; }).join("");
+    return `<text x="4" y="${i * 26 + 17}">${esc(r.key ?? r.queue)}</text>${parts}<text x="${x + 6}" y="${i * 26 + 17}">${fmt(bars.reduce((a, b) => a + b.get(r), 0))}</text>`;
+  }).join("");
+  return el(`<div><svg viewBox="0 0 ${width} ${h}" width="100%" role="img">${body}</svg>
+    <div class="legend">${bars.map((b) => `<i style="background:${b.color}"></i>${esc(b.label)}`).join("")}</div></div>`);
+}
+
+// ---- cluster ---------------------------------------------------------------------------------------------
+async function clusterPage() {
+  const [nodes, timeline] = await Promise.all([api("/api/v1/nodes"), api("/api/v1/reports/timeline")]);
+  const map = el(`<section><h2>GPU map</h2><div class="grid" id="gpu-map"></div></section>`);
+  for (const n of nodes) {
+    const w = 120, devs = n.devices;
+    const svg = devs.map((d, i) => {
+      const fill = Math.min(1, d.allocated_milli / 1000);
+      return `<g transform="translate(${i * (w + 8)},0)" data-device="${d.index}"><rect width="${w}" height="90" rx="6" fill="#f3f4f6" stroke="#d1d5db"/>
+        <rect y="${90 - 90 * fill}" width="${w}" height="${90 * fill}" rx="6" fill="#2f6fde" opacity=".25"/>
+        <text x="8" y="16">GPU ${d.index} · ${esc(d.model)}</text><text x="8" y="32">${fmt(fill * 100, 0)}% allocated</text>
+        ${d.workloads.slice(0, 3).map((name, k) => `<text x="8" y="${50 + k * 14}">${esc(name)}</text>`).join("")}
+        ${d.workloads.length > 3 ? `<text x="8" y="92">+${d.workloads.length - 3} more</text>` : ""}</g>`;
+    }).join("");
+    map.querySelector("#gpu-map").append(el(`<div><h3>${esc(n.name)} <span class="reason">pool ${esc(n.pool)}</span></h3>
+      <svg width="${devs.length * (w + 8)}" height="96" role="img" aria-label="GPUs of ${esc(n.name)}">${svg}</svg></div>`));
+  }
+  const over = el(`<section><h2>Utilisation over the last hour (GPUs)</h2></section>`);
+  over.append(lineChart(timeline, [
+    { label: "allocated", color: "#2f6fde", get: (p) => p.allocated_gpus },
+    { label: "busy", color: "#1f9d55", get: (p) => p.busy_gpus },
+  ]));
+  main.replaceChildren(map, over);
+}
+
+// ---- quotas ----------------------------------------------------------------------------------------------
+async function quotasPage() {
+  const shares = await api("/api/v1/shares");
+  const admin = me.role === "admin";
+  const sec = el(`<section><h2>Quotas</h2><table id="quotas"><thead><tr><th>Department / project</th><th>Pool</th><th>Deserved</th><th>Fair share</th><th>In use</th><th>Limit</th><th>Pending demand</th>${admin ? "<th></th>" : ""}</tr></thead><tbody></tbody></table><p id="quota-err" class="error"></p></section>`);
+  const tbody = sec.querySelector("tbody");
+  for (const s of shares) {
+    const tr = el(`<tr data-queue="${esc(s.queue)}"><td>${s.kind === "project" ? "&nbsp;&nbsp;" : "<strong>"}${esc(s.queue)}${s.kind === "project" ? "" : "</strong>"}</td><td>${esc(s.pool)}</td>
+      <td>${admin ? `<input name="deserved" type="number" step="any" min="0" style="width:5rem" value="${s.deserved}">` : fmt(s.deserved)}</td>
+      <td>${fmt(s.fair_share)}</td><td>${fmt(s.allocated)}</td>
+      <td>${admin ? `<input name="limit" type="number" step="any" min="0" style="width:5rem" value="${s.limit ?? ""}" placeholder="none">` : s.limit === null ? "–" : fmt(s.limit)}</td>
+      <td>${fmt(Math.max(0, s.demand - s.allocated))} GPUs${s.pending ? ` (${s.pending} waiting)` : ""}</td>${admin ? "<td><button>Save</button></td>" : ""}</tr>`);
+    if (admin) {
+      tr.querySelector("button").onclick = async () => {
+        const body = { pool: s.pool, deserved_gpus: Number(tr.querySelector("[name=deserved]").value) };
+        const limit = tr.querySelector("[name=limit]").value;
+        if (limit === "") body.clear_limit = true; else body.limit_gpus = Number(limit);
+        try { await api(`/api/v1/queues/${encodeURIComponent(s.queue)}/quota`, { method: "PATCH", body }); sec.querySelector("#quota-err").textContent = ""; tr.classList.add("saved"); }
+        catch (e) { sec.querySelector("#quota-err").textContent = e.message; }
+      };
+    }
+    tbody.append(tr);
+  }
+  const chart = el(`<section><h2>Deserved and in use, by project</h2></section>`);
+  chart.append(barChart(shares.filter((s) => s.kind === "project"), [
+    { label: "in use", color: "#2f6fde", get: (r) => r.allocated },
+    { label: "deserved, unused", color: "#c7d7f5", get: (r) => Math.max(0, r.deserved - r.allocated) },
+  ]));
+  main.replaceChildren(sec, chart);
+}
+
+// ---- waste -----------------------------------------------------------------------------------------------
+async function wastePage() {
+  const end = Date.now() / 1000;
+  const [running, suspended, timeline, day] = await Promise.all([
+    api("/api/v1/workloads?state=running&limit=1000"), api("/api/v1/workloads?state=suspended&limit=1000"), api("/api/v1/reports/timeline"),
+    api(`/api/v1/reports/usage?start=${end - 86400}&end=${end}&by=project`),
+  ]);
+  const idle = running.items.filter((w) => w.gpu_util_pct !== null && w.gpu_util_pct < 5 && (w.gpus || w.gpu_milli || w.gpu_memory_mib));
+  const now = el(`<section><h2>Allocated but idle now</h2><table id="idle-now"><thead><tr><th>Workload</th><th>Project</th><th>GPUs</th><th>GPU use</th></tr></thead><tbody>
+    ${idle.map((w) => `<tr><td>${esc(w.name)}</td><td>${esc(w.project)}</td><td>${esc(w.gpu_request)}</td><td>${Number(w.gpu_util_pct)}%</td></tr>`).join("") || `<tr><td colspan="4" class="reason">Nothing idle right now.</td></tr>`}</tbody></table></section>`);
+  const flagged = suspended.items.filter((w) => w.reason_code === "idle" || w.reason_code === "max-runtime");
+  const pol = el(`<section><h2>Stopped by idle policies</h2><table id="flagged"><tbody>
+    ${flagged.map((w) => `<tr><td>${esc(w.name)}</td><td>${esc(w.project)}</td><td class="reason">${esc(w.reason)}</td></tr>`).join("") || `<tr><td class="reason">None.</td></tr>`}</tbody></table></section>`);
+  const over = el(`<section><h2>Idle-allocated GPUs over the last hour</h2></section>`);
+  over.append(lineChart(timeline, [{ label: "allocated but idle", color: "#e0a100", get: (p) => Math.max(0, p.allocated_gpus - p.busy_gpus) }]));
+  const byProject = el(`<section><h2>Idle-allocated GPU-hours by project, last 24 hours</h2></section>`);
+  byProject.append(day.lines.length ? barChart(day.lines, [{ label: "idle-allocated GPU-hours", color: "#e0a100", get: (l) => l.idle_gpu_hours }]) : el(`<p class="reason">No usage yet.</p>`));
+  main.replaceChildren(now, pol, over, byProject);
+}
+
+// ---- costs -----------------------------------------------------------------------------------------------
+async function costsPage() {
+  const sec = el(`<section><h2>Costs</h2>
+    <label><span>Period</span><select name="period"><option value="86400">last 24 hours</option><option value="604800">last 7 days</option><option value="2592000">last 30 days</option></select></label>
+    <label><span>By</span><select name="by"><option>department</option><option selected>project</option><option>user</option></select></label>
+    <div id="report"></div></section>`);
+  main.replaceChildren(sec);
+  const draw = async () => {
+    const end = Date.now() / 1000, start = end - Number(sec.querySelector("[name=period]").value);
+    const by = sec.querySelector("[name=by]").value;
+    const r = await api(`/api/v1/reports/usage?start=${start}&end=${end}&by=${by}`);
+    const box = sec.querySelector("#report");
+    const table = el(`<table id="costs"><thead><tr><th>${esc(by)}</th><th>GPU-hours</th><th>busy</th><th>idle</th><th>cost</th><th>busy cost</th><th>idle cost</th></tr></thead><tbody>
+      ${[...r.lines, r.total].map((l) => `<tr><td>${esc(l.key)}</td><td>${fmt(l.gpu_hours, 3)}</td><td>${fmt(l.busy_gpu_hours, 3)}</td><td>${fmt(l.idle_gpu_hours, 3)}</td><td>${fmt(l.cost)}</td><td>${fmt(l.busy_cost)}</td><td>${fmt(l.idle_cost)}</td></tr>`).join("")}</tbody></table>`);
+    box.replaceChildren(table, barChart(r.lines, [
+      { label: "busy GPU-hours", color: "#1f9d55", get: (l) => l.busy_gpu_hours },
+      { label: "idle-allocated GPU-hours", color: "#e0a100", get: (l) => l.idle_gpu_hours },
+    ]));
+  };
+  sec.querySelectorAll("select").forEach((s) => { s.onchange = draw; });
+  await draw();
+}
+
+// ---- routing ---------------------------------------------------------------------------------------------
+const PAGES = { workloads: workloadsPage, cluster: clusterPage, quotas: quotasPage, waste: wastePage, costs: costsPage };
+
+async function route() {
+  clearInterval(timer);
+  const page = location.hash.replace("#/", "") || "workloads";
+  if (!token() || !me) { if (token()) { try { await start(); } catch (e) { loginPage(); } return; } loginPage(); return; }
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === page));
+  try { await (PAGES[page] || workloadsPage)(); } catch (e) { if (e.message !== "signed out") main.replaceChildren(el(`<p class="error">${esc(e.message)}</p>`)); }
+}
+
+async function start() {
+  me = await api("/api/v1/whoami");
+  document.getElementById("who").textContent = `${me.name} (${me.role})`;
+  document.getElementById("nav").hidden = false;
+  document.getElementById("signout").hidden = false;
+  if (!location.hash || location.hash === "#/login") location.hash = "#/workloads"; else await route();
+}
+
+document.getElementById("signout").onclick = () => {
+  document.getElementById("nav").hidden = true;
+  document.getElementById("signout").hidden = true;
+  document.getElementById("who").textContent = "";
+  signOut();
+};
+window.addEventListener("hashchange", route);
+route();

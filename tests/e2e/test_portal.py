@@ -1,0 +1,130 @@
+"""The portal in a real browser (Playwright driving Debian's chromium) against a real server.
+
+Screenshots of every page go to .artifacts/portal/ in the repository.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.e2e.conftest import Server, which_or_fail
+
+SHOTS = Path(__file__).resolve().parents[2] / ".artifacts" / "portal"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=which_or_fail("chromium"), args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def _shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _sign_in(page: Page, s: Server, name: str, password: str) -> None:
+    page.goto(s.url + "/")
+    page.fill("#pw [name=name]", name)
+    page.fill("#pw [name=password]", password)
+    page.click("#pw button")
+    expect(page.locator("#who")).to_contain_text(name)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_projects(
+    make_server: Callable[..., Server], browser: Browser
+) -> None:
+    s = make_server("fake:1xH100-80GB", "--telemetry-interval", "1", "--price", "default=2.5")
+    s.cli("department", "create", "research", "--deserved-gpus", "1")
+    s.cli("project", "create", "lab", "--department", "research", "--deserved-gpus", "0.5")
+    s.cli("project", "create", "other", "--department", "research", "--deserved-gpus", "0.5")
+    s.json("user", "create", "ana", "--project", "lab")
+    bo = s.json("user", "create", "bo", "--project", "other")["token"]
+    headers = {"Authorization": f"Bearer {s.admin_token}"}
+    httpx.put(
+        f"{s.url}/api/v1/users/ana/password", json={"password": "correct horse"}, headers=headers
+    ).raise_for_status()
+    s.cli("submit", "-p", "other", "--name", "secret-job", "--gpu", "0.25", "--", "sleep", "300", token=bo)
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(s.url + "/")
+    page.fill("#pw [name=name]", "ana")
+    page.fill("#pw [name=password]", "wrong password")
+    page.click("#pw button")
+    expect(page.locator("#err")).to_contain_text("wrong name or password")
+    _shot(page, "0-sign-in")
+    _sign_in(page, s, "ana", "correct horse")
+
+    page.click("[data-template=notebook]")
+    expect(page.locator("#headroom")).to_contain_text("0.50 GPUs deserved")
+    page.fill("#submit [name=name]", "my-nb")
+    page.click("#submit button")
+    row = page.locator("tr[data-name=my-nb]")
+    expect(row.locator(".state")).to_have_text("running", timeout=90_000)
+    expect(page.locator("tr[data-name=secret-job]")).to_have_count(0)  # another project's work is not there
+    _shot(page, "1-my-workloads")
+
+    with page.expect_popup() as popup:
+        row.get_by_role("button", name="Open").click()
+    lab = popup.value
+    lab.wait_for_load_state()
+    # Jupyter takes the token from the link, sets its cookie and drops it from the address: no login page.
+    assert lab.url.rstrip("/").endswith("/lab") and "login" not in lab.url
+    expect(lab).to_have_title(re.compile("JupyterLab"), timeout=30_000)
+    lab.close()
+
+    page.click("nav a[data-page=cluster]")
+    expect(page.locator("#gpu-map")).to_contain_text("my-nb")
+    expect(page.locator("#gpu-map")).to_contain_text("(another project)")
+    _shot(page, "2-cluster")
+    page.click("nav a[data-page=quotas]")
+    expect(page.locator("#quotas")).to_contain_text("lab")
+    expect(page.locator("#quotas [data-queue=other]")).to_have_count(0)
+    expect(page.locator("#quotas input")).to_have_count(0)  # members read; only admins edit
+    _shot(page, "3-quotas")
+    page.click("nav a[data-page=waste]")
+    expect(page.locator("#idle-now")).to_be_visible()
+    _shot(page, "4-waste")
+    page.click("nav a[data-page=costs]")
+    expect(page.locator("#costs")).to_contain_text("total")
+    expect(page.locator("#costs")).not_to_contain_text("other")
+    _shot(page, "5-costs")
+
+    page.click("nav a[data-page=workloads]")
+    page.locator("tr[data-name=my-nb]").get_by_role("button", name="Cancel").click()
+    expect(page.locator("tr[data-name=my-nb] .state")).to_have_text("cancelled", timeout=30_000)
+    page.click("#signout")
+    expect(page.locator("#pw")).to_be_visible()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_admin_signs_in_with_a_token_and_edits_a_quota_in_place(
+    make_server: Callable[..., Server], browser: Browser
+) -> None:
+    s = make_server("fake:2xH100-80GB")
+    s.cli("department", "create", "research", "--deserved-gpus", "2")
+    s.cli("project", "create", "lab", "--department", "research", "--deserved-gpus", "1")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(s.url + "/")
+    page.fill("#tok [name=token]", s.admin_token)
+    page.click("#tok button")
+    expect(page.locator("#who")).to_contain_text("admin")
+    page.click("nav a[data-page=quotas]")
+    row = page.locator("#quotas tr[data-queue=lab]")
+    row.locator("[name=deserved]").fill("1.5")
+    row.get_by_role("button", name="Save").click()
+    expect(row).to_have_class(re.compile("saved"))
+    assert s.json("project", "list")[0]["quotas"][0]["deserved_gpus"] == 1.5
+    row.locator("[name=deserved]").fill("5")
+    row.get_by_role("button", name="Save").click()
+    expect(page.locator("#quota-err")).to_contain_text("more than its own")
+    _shot(page, "6-quotas-admin")
