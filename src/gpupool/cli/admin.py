@@ -149,6 +149,22 @@ def user_create(
         print(f"token (shown once): {u.token}")
 
 
+@user_app.command("password")
+def user_password(
+    name: str,
+    password: Annotated[
+        str,
+        typer.Option(
+            "--password", prompt=True, hide_input=True, confirmation_prompt=True, help="At least 8 characters."
+        ),
+    ],
+) -> None:
+    """Set a user's password for the portal (your own, or anyone's as an admin)."""
+    with client() as c:
+        c.set_password(name, password)
+    print(f"password of {name} set")
+
+
 @user_app.command("list")
 def user_list(output: Output = OutputOpt) -> None:
     """List users, their roles and projects."""

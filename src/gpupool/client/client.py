@@ -126,6 +126,9 @@ class Client:
     def create_user(self, body: UserCreate) -> UserCreated:
         return self._send(UserCreated, "POST", "/api/v1/users", body)
 
+    def set_password(self, name: str, password: str) -> None:
+        self._call("PUT", f"/api/v1/users/{name}/password", json={"password": password})
+
     def list_users(self) -> list[UserPublic]:
         return self._list(UserPublic, "/api/v1/users")
 
