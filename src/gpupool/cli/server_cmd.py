@@ -12,6 +12,17 @@ from gpupool.cli.connection import fail
 from gpupool.settings import Settings, default_data_dir
 
 
+def _numbers(items: list[str] | None, flag: str, form: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            fail(f"{flag} {item!r}: expected {form}", 2)
+    return out
+
+
 def server(
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Store, logs and workdirs.")] = None,
     db: Annotated[str | None, typer.Option("--db", help="postgresql://... (default: SQLite in the data dir).")] = None,
@@ -32,20 +43,8 @@ def server(
     """Start gpupool: API on 127.0.0.1:8470, scheduler, local backend, SQLite store."""
     from gpupool.server import StartupError, serve
 
-    overrides: dict[str, float] = {}
-    for item in min_runtime or []:
-        klass, _, seconds = item.partition("=")
-        try:
-            overrides[klass] = float(seconds)
-        except ValueError:
-            fail(f"--min-runtime {item!r}: expected CLASS=SECONDS", 2)
-    prices: dict[str, float] = {}
-    for item in price or []:
-        pool_name, _, amount = item.partition("=")
-        try:
-            prices[pool_name] = float(amount)
-        except ValueError:
-            fail(f"--price {item!r}: expected POOL=PRICE, e.g. default=2.50", 2)
+    overrides = _numbers(min_runtime, "--min-runtime", "CLASS=SECONDS")
+    prices = _numbers(price, "--price", "POOL=PRICE, e.g. default=2.50")
     if db is not None and not db.startswith(("postgresql://", "postgresql+psycopg://", "sqlite:///")):
         fail(f"--db {db!r}: expected postgresql://user@host/dbname or sqlite:///path", 2)
     try:
