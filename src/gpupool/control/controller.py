@@ -46,6 +46,7 @@ class Controller:
         """Held by a cycle and by use cases that change running workloads (cancel), so they never interleave."""
         self.telemetry_interval_s = telemetry_interval_s
         self.last_sample: Sample | None = None
+        self.last_sample_s = 0.0
         self._last_sample_at: float | None = None
         self.last_decision: Decision | None = None
         self.last_cycle_s = 0.0
@@ -87,7 +88,8 @@ class Controller:
             # Under a burst of submits, cycles back to back would starve the API of the interpreter: rest twice
             # as long as the last cycle took (a third of the time scheduling), so one cycle takes many submits.
             # Short cycles (an idle server's take milliseconds) starve nothing, so work still starts at once.
-            rest = 2 * self.last_cycle_s if self.last_cycle_s > 0.02 else 0.0
+            work = self.last_cycle_s - self.last_sample_s  # a telemetry sample is rare; it earns no rest
+            rest = 2 * work if work > 0.02 else 0.0
             gap = min(rest, self.max_gap_s) - (time.monotonic() - last_end)
             if gap > 0:
                 self._stopping.wait(gap)
@@ -108,34 +110,40 @@ class Controller:
         last = self._last_sample_at
         if last is not None and now - last < self.telemetry_interval_s:
             return
+        started = time.perf_counter()
         sample = self.backend.sample()
         # A long gap (the server was down) is not charged to anyone: usage starts again from now.
         since = last if last is not None and now - last <= 3 * self.telemetry_interval_s else now
         account(s, rows, sample, policies, nodes, since, now)
         self._last_sample_at = now
         self.last_sample = sample
+        self.last_sample_s = time.perf_counter() - started
 
     def cycle(self) -> bool:
         """One pass: reconcile → snapshot → schedule → persist → act. Returns whether work is in flight."""
         with self.lock, self.sessions() as s:
             started = time.perf_counter()
+            self.last_sample_s = 0.0
             now = self.clock()
             observed = self.backend.observe()
-            active = WorkloadRow.state.in_(ACTIVE) & WorkloadRow.hold.is_(False)
-            rows = list(s.scalars(select(WorkloadRow).where(active).order_by(WorkloadRow.id)))
-            s.add_all(reconcile(rows, observed, self.backend, now))
-            rows = [r for r in rows if r.state in ACTIVE and not r.hold]
-            queues = list(s.scalars(select(QueueRow)))
-            nodes = {n.name: n for n in s.scalars(select(NodeRow))}
-            policies = {qid: effective(chain) for qid, chain in chains(queues).items()}
-            self._sample(s, rows, policies, nodes, now)
-            for row, why in enforce(rows, policies, now):
-                for a in current(row):
-                    if a.state != "ended" and a.stop_at is None:
-                        a.stop_at = now
-                s.add(record(row, row.state, f"{why}; stopping", now))
-            decision = schedule(build_snapshot(s, rows, now), self.config, memo=self._memo)
-            s.add_all(persist({r.id: r for r in rows}, decision, now))
+            # Nothing is written until the decision is made: the write lock (SQLite has one) is held only for
+            # the commit, not while the scheduler thinks, so submits are never kept waiting by a cycle.
+            with s.no_autoflush:
+                active = WorkloadRow.state.in_(ACTIVE) & WorkloadRow.hold.is_(False)
+                rows = list(s.scalars(select(WorkloadRow).where(active).order_by(WorkloadRow.id)))
+                s.add_all(reconcile(rows, observed, self.backend, now))
+                rows = [r for r in rows if r.state in ACTIVE and not r.hold]
+                queues = list(s.scalars(select(QueueRow)))
+                nodes = {n.name: n for n in s.scalars(select(NodeRow))}
+                policies = {qid: effective(chain) for qid, chain in chains(queues).items()}
+                self._sample(s, rows, policies, nodes, now)
+                for row, why in enforce(rows, policies, now):
+                    for a in current(row):
+                        if a.state != "ended" and a.stop_at is None:
+                            a.stop_at = now
+                    s.add(record(row, row.state, f"{why}; stopping", now))
+                decision = schedule(build_snapshot(s, rows, now), self.config, memo=self._memo)
+                s.add_all(persist({r.id: r for r in rows}, decision, now))
             s.commit()  # persist first: a crash from here on relaunches by allocation id, never twice
             projects = {q.id: q.name for q in queues}
             events, busy = act(rows, projects, nodes, self.backend, now)

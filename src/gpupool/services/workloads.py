@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.api.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
-from gpupool.control.policies import Policy, effective
+from gpupool.control.policies import Policy, chains, effective
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Invalid, NotFound
@@ -25,13 +25,7 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def _chain(session: Session, project: QueueRow) -> list[QueueRow]:
-    chain = [project]
-    while chain[-1].parent_id is not None:
-        parent = session.get(QueueRow, chain[-1].parent_id)
-        if parent is None:
-            break
-        chain.append(parent)
-    return chain
+    return chains(list(session.scalars(select(QueueRow))))[project.id]
 
 
 def submit(
@@ -46,7 +40,10 @@ def submit(
     classes: Sequence[PriorityClass] = DEFAULT_CLASSES,
 ) -> tuple[WorkloadPublic, bool]:
     """Validate and queue a workload. Returns it and whether it was created (False: an idempotent replay)."""
-    project = session.scalar(select(QueueRow).where(QueueRow.name == body.project, QueueRow.kind == "project"))
+    # The whole organisation tree in two queries (queues, then their quotas): it is small, and a submit
+    # needs the project and every ancestor.
+    queues = list(session.scalars(select(QueueRow)))
+    project = next((q for q in queues if q.name == body.project and q.kind == "project"), None)
     if project is None or not who.can_read(project.id):
         raise NotFound(f"no project named {body.project!r}")
     if not who.can_write(project.id):
@@ -66,7 +63,7 @@ def submit(
     klass = priority_of(body, classes)
     preemptible = klass.preemptible if body.preemptible is None else body.preemptible
     nodes = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
-    check_fits(request, body.workers, body.pools, preemptible, nodes, _chain(session, project))
+    check_fits(request, body.workers, body.pools, preemptible, nodes, chains(queues)[project.id])
     name = body.name or f"{body.type}-{secrets.token_hex(3)}"
     now = time.time()
     row = WorkloadRow(
