@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,19 +115,6 @@ class Server:
         for rec in (self.data_dir / "run").glob("*.json"):
             with contextlib.suppress(OSError, ValueError, KeyError):
                 os.killpg(int(json.loads(rec.read_text())["pid"]), signal.SIGKILL)
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[Postgres]:
-    # Not under pytest's temp root: that is private to this user, and PostgreSQL runs as its own.
-    root = Path(tempfile.mkdtemp(prefix="gpupool-pg-"))
-    pg = Postgres(root)
-    pg.start()
-    try:
-        yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -47,6 +47,7 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
     s.cli("department", "create", "research", "--deserved-gpus", "1")
     s.cli("project", "create", "lab", "--department", "research", "--deserved-gpus", "0.5")
     s.cli("project", "create", "other", "--department", "research", "--deserved-gpus", "0.5")
+    s.cli("project", "policy", "lab", "--idle-timeout", "notebook=30m")
     s.json("user", "create", "ana", "--project", "lab")
     bo = s.json("user", "create", "bo", "--project", "other")["token"]
     headers = {"Authorization": f"Bearer {s.admin_token}"}
@@ -66,6 +67,7 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
 
     page.click("[data-template=notebook]")
     expect(page.locator("#headroom")).to_contain_text("0.50 GPUs deserved")
+    expect(page.locator("#headroom")).to_contain_text("suspended after 30 min below 5% GPU use")
     page.fill("#submit [name=name]", "my-nb")
     page.click("#submit button")
     row = page.locator("tr[data-name=my-nb]")

@@ -100,6 +100,12 @@ async function showForm(type, projects) {
         `${s.limit === null ? "" : `, limit ${fmt(s.limit, 2)}`}. Headroom within deserved: ${fmt(Math.max(0, s.deserved - s.allocated), 2)} GPUs` +
         `${s.limit === null ? "; beyond that it can borrow idle GPUs (preemptible work only)." : `; up to ${fmt(Math.max(0, s.limit - s.allocated), 2)} with borrowing.`}`
       : "No quota information yet for this project.";
+    const pol = await api(`/api/v1/queues/${encodeURIComponent(form.project.value)}/policy`);
+    const idle = pol.idle_timeout_s[type], run = pol.max_runtime_s[type];
+    const notes = [];
+    if (idle) notes.push(`${type === "notebook" ? "suspended" : "stopped"} after ${Math.round(idle / 60)} min below ${pol.idle_threshold_pct}% GPU use`);
+    if (run) notes.push(`stopped after ${Math.round(run / 60)} min of running`);
+    if (notes.length) document.getElementById("headroom").append(document.createTextNode(` Policy for a ${type} here: ${notes.join("; ")}.`));
   };
   form.project.onchange = headroom;
   await headroom();
