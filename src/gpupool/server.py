@@ -12,6 +12,7 @@ import uvicorn
 
 from gpupool.api.app import create_app
 from gpupool.api.deps import Context
+from gpupool.backends.base import Backend
 from gpupool.backends.local import GpuSpecError, LocalBackend, discover
 from gpupool.control.controller import Controller
 from gpupool.services.auth import PrincipalCache
@@ -61,15 +62,26 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         token = ensure_admin(s)
     token_path = str(write_admin_token(settings.data_dir, token)) if token else None
     holder: list[Controller] = []
-    backend = LocalBackend(
-        settings.data_dir,
-        settings.node_name or socket.gethostname(),
-        settings.pool,
-        gpus,
-        on_exit=lambda: holder[0].wake() if holder else None,
-    )
+    backend: Backend
+    if settings.backend == "kubernetes":
+        from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
+
+        kube = KubeSettings(settings.kubeconfig, settings.pool_label, settings.namespace_prefix, settings.default_image)
+        backend = KubernetesBackend(kube, on_change=lambda: holder[0].wake() if holder else None)
+    else:
+        backend = LocalBackend(
+            settings.data_dir,
+            settings.node_name or socket.gethostname(),
+            settings.pool,
+            gpus,
+            on_exit=lambda: holder[0].wake() if holder else None,
+        )
     controller = Controller(
-        sessions, backend, interval_s=settings.interval_s, telemetry_interval_s=settings.telemetry_interval_s
+        sessions,
+        backend,
+        interval_s=settings.interval_s,
+        telemetry_interval_s=settings.telemetry_interval_s,
+        inventory_interval_s=10.0 if settings.backend == "kubernetes" else None,
     )
     holder.append(controller)
     controller.register_nodes()
@@ -81,11 +93,13 @@ def serve(settings: Settings, announce: bool = True) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     ctx, token_path = build(settings)
-    gpus = ctx.backend.inventory()[0].devices
-    kind = ctx.backend.capabilities().extra.get("gpus", "")
+    nodes = ctx.backend.inventory()
+    gpus = [d for n in nodes for d in n.devices]
+    kind = ctx.backend.capabilities().extra.get("gpus", ctx.backend.capabilities().name)
     if announce:
         models = ", ".join(sorted({f"{sum(1 for x in gpus if x.model == d.model)}× {d.model}" for d in gpus}))
-        print(f"gpupool: {len(gpus)} GPUs ({kind}: {models or 'none'}), store {_redact(settings.database_url)}")
+        where = f"{len(nodes)} node(s), " if settings.backend == "kubernetes" else ""
+        print(f"gpupool: {where}{len(gpus)} GPUs ({kind}: {models or 'none'}), store {_redact(settings.database_url)}")
         if token_path:
             print(f"gpupool: first start; the admin token is in {token_path} (readable only by you)")
         print(f"gpupool: API on http://{settings.host}:{settings.port}  (docs at /docs)", flush=True)

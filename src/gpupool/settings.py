@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +22,13 @@ class Settings(BaseModel):
     """SQLAlchemy URL; None: SQLite in data_dir."""
     host: str = "127.0.0.1"
     port: int = Field(8470, ge=0, le=65535)
+    backend: Literal["local", "kubernetes"] = "local"
+    kubeconfig: str | None = None
+    """For the kubernetes backend; None: the in-cluster configuration."""
+    pool_label: str = "gpupool.io/pool"
+    """The node label whose value names a node's pool (kubernetes)."""
+    namespace_prefix: str = "gpupool-"
+    default_image: str = "python:3.12-slim"
     gpus: str = "auto"
     """'auto' (NVML, else simulated), 'nvml', or 'fake:<count>x<model>-<memory GB>[,...]'."""
     pool: str = "default"

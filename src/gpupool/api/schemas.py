@@ -148,6 +148,8 @@ class WorkloadCreate(Wire):
     port: int | None = Field(None, ge=1024, le=65535)
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     command: list[str] = Field(default_factory=list, max_length=1024)
+    image: str | None = Field(None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+    """A container image, for the kubernetes backend (the local backend runs commands on the host)."""
     grace_s: float | None = Field(None, ge=0, le=3600)
     pools: list[str] = Field(default_factory=list, max_length=16)
 

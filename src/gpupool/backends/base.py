@@ -33,6 +33,12 @@ class LaunchSpec:
     world_size: int = 1
     master_port: int | None = None
     port: int | None = None
+    node: str = ""
+    attempt: int = 0
+    image: str | None = None
+    grace_s: float = 30.0
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,8 @@ class Observed:
     """None while alive, or when it vanished without saying (killed, lost)."""
     enforced: bool = False
     """Whether a fractional limit is enforced (MPS) rather than advisory."""
+    lost: bool = False
+    """Its node went away (deleted, or NotReady too long): not the workload's fault, so it is requeued."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +104,11 @@ class Backend(Protocol):
     def forget(self, alloc_id: str) -> None:
         """Drop the record of an ended launch."""
 
-    def log_path(self, workload_id: int, rank: int) -> str: ...
+    def read_log(self, workload_id: int, rank: int, offset: int, limit: int) -> bytes:
+        """Up to `limit` bytes of a member's output from `offset` (empty when there is none yet)."""
+
+    def healthy(self, alloc_id: str, port: int | None) -> bool:
+        """Whether a notebook or service member answers (on its port, or by its readiness)."""
 
     def sample(self) -> Sample:
         """GPU activity per running member and per device, since the previous call."""

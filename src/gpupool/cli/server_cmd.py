@@ -28,6 +28,14 @@ def server(
     db: Annotated[str | None, typer.Option("--db", help="postgresql://... (default: SQLite in the data dir).")] = None,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8470,
+    backend: Annotated[str, typer.Option("--backend", help="local (this host) or kubernetes.")] = "local",
+    kubeconfig: Annotated[
+        str | None, typer.Option("--kubeconfig", help="For --backend kubernetes; default: in-cluster config.")
+    ] = None,
+    pool_label: Annotated[
+        str, typer.Option("--pool-label", help="Node label naming a node's pool.")
+    ] = "gpupool.io/pool",
+    image: Annotated[str, typer.Option("--image", help="Default container image (kubernetes).")] = "python:3.12-slim",
     gpus: Annotated[str, typer.Option("--gpus", help="auto, nvml, or fake:<count>x<model>-<memory GB>[,...]")] = "auto",
     pool: Annotated[str, typer.Option("--pool", help="The pool this host's GPUs belong to.")] = "default",
     interval: Annotated[float, typer.Option("--interval", help="Longest seconds between scheduling cycles.")] = 2.0,
@@ -49,7 +57,8 @@ def server(
         fail(f"--db {db!r}: expected postgresql://user@host/dbname or sqlite:///path", 2)
     try:
         settings = Settings(
-            data_dir=data_dir or default_data_dir(), db_url=db, host=host, port=port, gpus=gpus, pool=pool,
+            data_dir=data_dir or default_data_dir(), db_url=db, backend=backend, kubeconfig=kubeconfig,
+            pool_label=pool_label, default_image=image, host=host, port=port, gpus=gpus, pool=pool,
             interval_s=interval, grace_s=grace, min_runtime_s=overrides or None, telemetry_interval_s=telemetry,
             prices=prices,
         )  # fmt: skip

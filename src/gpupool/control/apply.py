@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import socket
@@ -121,15 +120,13 @@ def launch_spec(row: WorkloadRow, alloc: AllocationRow, project: str, node: Node
         world_size=row.workers,
         master_port=alloc.master_port,
         port=alloc.port,
+        node=alloc.node,
+        attempt=alloc.attempt,
+        image=row.image,
+        grace_s=row.grace_s,
+        cpu_milli=row.cpu_milli,
+        memory_mib=row.memory_mib,
     )
-
-
-def _answers(port: int | None) -> bool:
-    if port is None:
-        return True
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.05):
-        return True
-    return False
 
 
 def act(
@@ -153,7 +150,7 @@ def act(
                 backend.stop(alloc.id, force=now - alloc.stop_at >= row.grace_s)
                 busy = True
         if row.state == "starting" and row.stop_reason is None:
-            if row.type in SERVES_PORT and not all(_answers(a.port) for a in allocs):
+            if row.type in SERVES_PORT and not all(backend.healthy(a.id, a.port) for a in allocs):
                 busy = True
                 continue
             for a in allocs:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sqlalchemy import select
+from sqlalchemy import select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.backends.base import Backend, Sample
@@ -35,6 +35,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
         max_gap_s: float = 0.5,
         telemetry_interval_s: float = 5.0,
+        inventory_interval_s: float | None = None,
     ) -> None:
         self.sessions = sessions
         self.backend = backend
@@ -45,6 +46,9 @@ class Controller:
         self.lock = threading.RLock()
         """Held by a cycle and by use cases that change running workloads (cancel), so they never interleave."""
         self.telemetry_interval_s = telemetry_interval_s
+        self.inventory_interval_s = inventory_interval_s
+        """How often nodes are listed again (kubernetes); None: only at start (this host)."""
+        self._last_inventory = 0.0
         self.last_sample: Sample | None = None
         self.last_sample_s = 0.0
         self._last_sample_at: float | None = None
@@ -57,8 +61,14 @@ class Controller:
         self._thread: threading.Thread | None = None
 
     def register_nodes(self) -> None:
+        """Write the backend's nodes to the store; nodes that are gone stay, unschedulable, for what they held."""
+        self._last_inventory = time.monotonic()
         with self.sessions() as s:
-            for node in self.backend.inventory():
+            nodes = self.backend.inventory()
+            names = {n.name for n in nodes}
+            for gone in s.scalars(select(NodeRow).where(NodeRow.name.not_in(names) if names else true())):
+                gone.schedulable = False
+            for node in nodes:
                 row = s.get(NodeRow, node.name) or NodeRow(name=node.name)
                 row.backend = self.backend.capabilities().name
                 row.pool, row.cpu_milli, row.memory_mib = node.pool, node.cpu_milli, node.memory_mib
@@ -121,6 +131,11 @@ class Controller:
 
     def cycle(self) -> bool:
         """One pass: reconcile → snapshot → schedule → persist → act. Returns whether work is in flight."""
+        if (
+            self.inventory_interval_s is not None
+            and time.monotonic() - self._last_inventory >= self.inventory_interval_s
+        ):
+            self.register_nodes()
         with self.lock, self.sessions() as s:
             started = time.perf_counter()
             self.last_sample_s = 0.0

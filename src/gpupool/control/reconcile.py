@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from gpupool.backends.base import Backend, Observed
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
 
-EVICTIONS = ("reclaim", "preempt", "consolidate", "gang-broken")
+EVICTIONS = ("reclaim", "preempt", "consolidate", "gang-broken", "node-lost")
 POLICY_STOPS = ("idle", "max-runtime")
 
 
@@ -37,6 +37,13 @@ def reconcile(
                 continue
             alloc.state = "ended"
             alloc.exit_code = seen.exit_code if seen is not None else None
+            if seen is not None and seen.lost and row.stop_reason is None:
+                # Its node went away: not the workload's doing, so it goes back in the queue.
+                row.stop_reason = "node-lost"
+                row.reason = f"node {alloc.node} was lost"
+                for other in allocs:
+                    if other.state != "ended" and other.stop_at is None:
+                        other.stop_at = now
             backend.forget(alloc.id)
         ended = [a for a in allocs if a.state == "ended"]
         if not ended:

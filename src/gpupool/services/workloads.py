@@ -84,6 +84,7 @@ def submit(
         workers=body.workers,
         pools=list(body.pools),
         command=list(body.command),
+        image=body.image,
         env=dict(body.env),
         port=body.port,
         grace_s=default_grace_s if body.grace_s is None else body.grace_s,

@@ -90,6 +90,8 @@ class WorkloadRow(Base):
     workers: Mapped[int] = mapped_column(Integer, default=1)
     pools: Mapped[list[Any]] = mapped_column(JSON, default=list)
     command: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    image: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    """Container image, for backends that run containers (kubernetes); the local backend runs on the host."""
     env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     port: Mapped[int | None] = mapped_column(Integer, nullable=True)
     grace_s: Mapped[float] = mapped_column(Float)

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
@@ -94,7 +93,7 @@ def usage_report(
 
 
 @router.get("/workloads/{ref}/logs", response_class=Response)
-def workload_logs(
+async def workload_logs(
     ref: str,
     session: SessionDep,
     ctx: ContextDep,
@@ -106,14 +105,9 @@ def workload_logs(
 ) -> Response:
     """Bytes of a member's log from `offset`; X-Next-Offset says where to continue, X-Workload-State whether
     more may come."""
-    row = workloads.find(session, who, ref, project)
+    row = await run_in_threadpool(workloads.find, session, who, ref, project)
     if rank >= row.workers:
         raise Invalid(f"{row.name!r} has {row.workers} member(s); rank {rank} does not exist")
-    path = ctx.backend.log_path(row.id, rank)
-    data = b""
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(limit)
+    data = await run_in_threadpool(ctx.backend.read_log, row.id, rank, offset, limit)
     headers = {"X-Next-Offset": str(offset + len(data)), "X-Workload-State": row.state}
     return Response(data, media_type="text/plain; charset=utf-8", headers=headers)

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Callable
@@ -101,6 +102,21 @@ class LocalBackend:
 
     def log_path(self, workload_id: int, rank: int) -> str:
         return str(self.data_dir / "logs" / str(workload_id) / f"rank-{rank}.log")
+
+    def healthy(self, alloc_id: str, port: int | None) -> bool:
+        if port is None:
+            return True
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.05):
+            return True
+        return False
+
+    def read_log(self, workload_id: int, rank: int, offset: int, limit: int) -> bytes:
+        try:
+            with open(self.log_path(workload_id, rank), "rb") as f:
+                f.seek(offset)
+                return f.read(limit)
+        except FileNotFoundError:
+            return b""
 
     def workdir(self, workload_id: int) -> Path:
         return self.data_dir / "workloads" / str(workload_id)

@@ -1,0 +1,318 @@
+"""Pods for decisions, and pod phases back as observations, through a real Kubernetes API server."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.backends.base import Capabilities, LaunchSpec, Observed, Sample
+from gpupool.backends.kubernetes.manifests import (
+    ALLOC,
+    DEVICES,
+    MANAGED,
+    RESERVATION,
+    SYSTEM_NAMESPACE,
+    gang_service_manifest,
+    namespace_for,
+    node_from,
+    pod_manifest,
+    ready,
+    reservation_manifest,
+)
+from gpupool.core import Node
+
+log = logging.getLogger("gpupool.kubernetes")
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSettings:
+    kubeconfig: str | None = None
+    """None: in-cluster configuration."""
+    pool_label: str = "gpupool.io/pool"
+    namespace_prefix: str = "gpupool-"
+    default_image: str = "python:3.12-slim"
+    node_lost_after_s: float = 300.0
+    """A node NotReady this long (or deleted) sends its workloads back to the queue."""
+
+
+class KubernetesBackend:
+    def __init__(self, settings: KubeSettings, on_change: Callable[[], None] = lambda: None) -> None:
+        import kubernetes
+
+        # The client's stubs want its model classes; it takes plain manifests just as well, which keeps the
+        # manifests pure and testable. So it is used untyped, here only.
+        k8s: Any = kubernetes
+        client, config = k8s.client, k8s.config
+        self.settings = settings
+        if settings.kubeconfig:
+            api = config.new_client_from_config(config_file=settings.kubeconfig)
+        else:
+            config.load_incluster_config()
+            api = client.ApiClient()
+        self.core: Any = client.CoreV1Api(api)
+        self._client = client
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._pods: dict[str, dict[str, Any]] = {}
+        """alloc id → pod (as a dict), kept by the watch."""
+        self._reservations: dict[tuple[str, int], str] = {}
+        self._namespaces: set[str] = set()
+        self._not_ready_since: dict[str, float] = {}
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._stopping = threading.Event()
+        self._synced = threading.Event()
+        self._thread = threading.Thread(target=self._watch_pods, name="gpupool-kube-watch", daemon=True)
+        self._thread.start()
+        self._synced.wait(30)
+
+    # -- nodes ---------------------------------------------------------------------------------------------
+    def inventory(self) -> list[Node]:
+        now = time.monotonic()
+        nodes = self.core.list_node().to_dict()["items"]
+        out = []
+        seen = set()
+        for obj in nodes:
+            obj = _camel(obj)
+            name = obj["metadata"]["name"]
+            seen.add(name)
+            if ready(obj):
+                self._not_ready_since.pop(name, None)
+            else:
+                self._not_ready_since.setdefault(name, now)
+            node = node_from(obj, self.settings.pool_label, not_ready=not ready(obj))
+            if node is not None and node.devices:
+                out.append(node)
+        with self._lock:
+            self._nodes = {n.name: {} for n in out}
+            for gone in set(self._not_ready_since) - seen:
+                del self._not_ready_since[gone]
+            self._known_nodes = seen
+        return sorted(out, key=lambda n: n.name)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities("kubernetes", fractions_enforced=False, notebooks=False)
+
+    # -- launch, stop, observe -----------------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec) -> None:
+        ns = namespace_for(spec.project, self.settings.namespace_prefix)
+        self._ensure_namespace(ns)
+        for d in spec.devices:
+            if d.milli < 1000:
+                self._reserve(spec.node, d.index)
+        if spec.world_size > 1:
+            self._create(lambda: self.core.create_namespaced_service(ns, gang_service_manifest(spec, ns)))
+        body = pod_manifest(spec, ns, self.settings.default_image)
+        self._create(lambda: self.core.create_namespaced_pod(ns, body))
+
+    def stop(self, alloc_id: str, force: bool) -> None:
+        with self._lock:
+            pod = self._pods.get(alloc_id)
+        if pod is None:
+            return
+        meta = pod["metadata"]
+        grace = 0 if force else None
+        try:
+            self.core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=grace)
+        except self._client.ApiException as e:
+            if e.status != 404:
+                raise
+
+    def observe(self) -> dict[str, Observed]:
+        with self._lock:
+            pods = dict(self._pods)
+            known = getattr(self, "_known_nodes", None)
+            not_ready = dict(self._not_ready_since)
+        now = time.monotonic()
+        out: dict[str, Observed] = {}
+        for alloc, pod in pods.items():
+            node = pod["spec"].get("nodeName", "")
+            lost = (known is not None and node not in known) or (
+                node in not_ready and now - not_ready[node] >= self.settings.node_lost_after_s
+            )
+            phase = (pod.get("status") or {}).get("phase", "Pending")
+            if pod["metadata"].get("deletionTimestamp") and phase in ("Pending", "Running"):
+                out[alloc] = Observed(alloc, True)
+            elif lost:
+                out[alloc] = Observed(alloc, False, None, lost=True)
+            elif phase == "Succeeded":
+                out[alloc] = Observed(alloc, False, _exit_code(pod, 0))
+            elif phase == "Failed":
+                out[alloc] = Observed(alloc, False, _exit_code(pod, 1))
+            else:
+                out[alloc] = Observed(alloc, True)
+        return out
+
+    def forget(self, alloc_id: str) -> None:
+        with self._lock:
+            pod = self._pods.get(alloc_id)
+        if pod is not None:
+            meta = pod["metadata"]
+            try:
+                self.core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0)
+            except self._client.ApiException as e:
+                if e.status != 404:
+                    raise
+        self._release_unused()
+
+    def read_log(self, workload_id: int, rank: int, offset: int, limit: int) -> bytes:
+        with self._lock:
+            pods = [
+                p for p in self._pods.values()
+                if p["metadata"]["labels"].get("gpupool.io/workload-id") == str(workload_id)
+                and p["metadata"]["labels"].get("gpupool.io/member") == str(rank)
+            ]  # fmt: skip
+        if not pods:
+            return b""
+        meta = pods[-1]["metadata"]
+        try:
+            text = self.core.read_namespaced_pod_log(meta["name"], meta["namespace"])
+        except self._client.ApiException:
+            return b""
+        return str(text).encode()[offset : offset + limit]
+
+    def healthy(self, alloc_id: str, port: int | None) -> bool:
+        with self._lock:
+            pod = self._pods.get(alloc_id)
+        return pod is not None and ready(pod)
+
+    def sample(self) -> Sample:
+        return Sample({}, (), modelled=False)
+
+    def close(self) -> None:
+        self._stopping.set()
+
+    # -- internals -----------------------------------------------------------------------------------------
+    def _create(self, call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except self._client.ApiException as e:
+            if e.status != 409:  # AlreadyExists: a retried launch, which is the point of deterministic names
+                raise
+
+    def _ensure_namespace(self, ns: str) -> None:
+        if ns in self._namespaces:
+            return
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {MANAGED: "true"}}}
+        self._create(lambda: self.core.create_namespace(body))
+        self._namespaces.add(ns)
+
+    def _reserve(self, node: str, index: int) -> None:
+        self._ensure_namespace(SYSTEM_NAMESPACE)
+        body = reservation_manifest(node, index, self.settings.default_image)
+        self._create(lambda: self.core.create_namespaced_pod(SYSTEM_NAMESPACE, body))
+
+    def _release_unused(self) -> None:
+        """A reservation goes when the last sharer of its device has gone."""
+        with self._lock:
+            in_use = set()
+            for pod in self._pods.values():
+                if pod["metadata"].get("deletionTimestamp"):
+                    continue
+                node = pod["spec"].get("nodeName", "")
+                for part in filter(None, (pod["metadata"].get("annotations") or {}).get(DEVICES, "").split(",")):
+                    index, milli = part.split(":")
+                    if int(milli) < 1000:
+                        in_use.add((node, int(index)))
+            held = dict(self._reservations)
+        for (node, index), name in held.items():
+            if (node, index) not in in_use:
+                try:
+                    self.core.delete_namespaced_pod(name, SYSTEM_NAMESPACE, grace_period_seconds=0)
+                except self._client.ApiException as e:
+                    if e.status != 404:
+                        raise
+
+    def _apply_event(self, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        with self._lock:
+            if labels.get(RESERVATION) == "true":
+                key = (
+                    (meta.get("annotations") or {}).get("gpupool.io/node-name", ""),
+                    int(labels["gpupool.io/device"]),
+                )
+                if kind == "DELETED":
+                    self._reservations.pop(key, None)
+                else:
+                    self._reservations[key] = meta["name"]
+                return
+            alloc = (meta.get("annotations") or {}).get(ALLOC)
+            if not alloc:
+                return
+            if kind == "DELETED":
+                self._pods.pop(alloc, None)
+            else:
+                self._pods[alloc] = pod
+
+    def _watch_pods(self) -> None:
+        """List, then watch from the list's resourceVersion; on 410 Gone (or any break) list again."""
+        import kubernetes
+
+        watch: Any = kubernetes.watch
+        while not self._stopping.is_set():
+            try:
+                listing = self.core.list_pod_for_all_namespaces(label_selector=f"{MANAGED}=true")
+                with self._lock:
+                    self._pods.clear()
+                    self._reservations.clear()
+                for item in listing.items:
+                    self._apply_event("ADDED", _camel(item.to_dict()))
+                self._synced.set()
+                self._on_change()
+                rv = listing.metadata.resource_version
+                w = watch.Watch()
+                for event in w.stream(
+                    self.core.list_pod_for_all_namespaces,
+                    label_selector=f"{MANAGED}=true",
+                    resource_version=rv,
+                    timeout_seconds=60,
+                ):
+                    if self._stopping.is_set():
+                        return
+                    obj = event["object"]
+                    if event["type"] == "ERROR":
+                        break  # usually 410 Gone: the version is too old; list again
+                    self._apply_event(event["type"], _camel(obj.to_dict()))
+                    self._on_change()
+            except Exception:  # the API server restarted or the connection dropped: list again shortly
+                log.warning("pod watch interrupted; listing again", exc_info=True)
+                self._stopping.wait(1.0)
+
+
+def _exit_code(pod: dict[str, Any], default: int) -> int | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = ((status.get("state") or {}).get("terminated")) or {}
+        if "exitCode" in term:
+            return int(term["exitCode"])
+    return default
+
+
+_SNAKE = {
+    "node_name": "nodeName", "deletion_timestamp": "deletionTimestamp", "container_statuses": "containerStatuses",
+    "exit_code": "exitCode", "resource_version": "resourceVersion",
+}  # fmt: skip
+
+
+def _camel(obj: Any) -> Any:
+    """The client's to_dict() speaks snake_case; the manifests module reads the API's own camelCase keys."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            key = _SNAKE.get(k) or (k if "_" not in k or k.startswith("_") else _to_camel(k))
+            if k in ("labels", "annotations", "allocatable", "capacity", "limits", "requests"):
+                out[key] = v
+            else:
+                out[key] = _camel(v)
+        return out
+    if isinstance(obj, list):
+        return [_camel(v) for v in obj]
+    return obj
+
+
+def _to_camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)

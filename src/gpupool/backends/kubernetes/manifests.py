@@ -1,0 +1,219 @@
+"""Pure functions from gpupool's launch specs and nodes to Kubernetes objects and back (plain dicts)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpupool.backends.base import LaunchSpec
+from gpupool.core import Device, Node
+
+GPU = "nvidia.com/gpu"
+PRODUCT = "nvidia.com/gpu.product"
+MEMORY = "nvidia.com/gpu.memory"
+MANAGED = "gpupool.io/managed"
+ALLOC = "gpupool.io/allocation"
+WORKLOAD = "gpupool.io/workload"
+WORKLOAD_ID = "gpupool.io/workload-id"
+MEMBER = "gpupool.io/member"
+DEVICES = "gpupool.io/devices"
+SCHEDULER = "gpupool"
+SYSTEM_NAMESPACE = "gpupool-system"
+RESERVATION = "gpupool.io/reservation"
+
+
+def dns(text: str, limit: int = 63) -> str:
+    out = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return out[:limit].rstrip("-") or "x"
+
+
+def namespace_for(project: str, prefix: str = "gpupool-") -> str:
+    return dns(prefix + project)
+
+
+def pod_name(spec: LaunchSpec) -> str:
+    """Deterministic: a retried launch meets AlreadyExists instead of making a second pod."""
+    suffix = f"-{spec.alloc_id}"
+    return dns(spec.workload_name, 63 - len(suffix)) + suffix
+
+
+def gang_service(spec: LaunchSpec) -> str:
+    suffix = f"-{spec.workload_id}-{spec.attempt}"
+    return dns(spec.workload_name, 63 - len(suffix)) + suffix
+
+
+def device_uuid(node: str, index: int) -> str:
+    """How a device is named to containers on a node without a real driver (kwok, tests)."""
+    return f"GPU-{dns(node, 40)}-{index}"
+
+
+def parse_quantity_mib(value: str) -> int:
+    m = re.match(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$", value.strip())
+    if not m:
+        return 0
+    scale = {None: 1 / (1024 * 1024), "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024,
+             "K": 1000 / 1048576, "M": 1e6 / 1048576, "G": 1e9 / 1048576, "T": 1e12 / 1048576}[m.group(2)]  # fmt: skip
+    return int(int(m.group(1)) * scale)
+
+
+def parse_cpu_milli(value: str) -> int:
+    return int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)
+
+
+def node_from(obj: Mapping[str, Any], pool_label: str, not_ready: bool) -> Node | None:
+    """A Node object as the core sees it; None for nodes without GPUs or CPU to offer."""
+    meta, status, spec = obj.get("metadata", {}), obj.get("status", {}), obj.get("spec", {})
+    labels = meta.get("labels") or {}
+    alloc = status.get("allocatable") or {}
+    count = int(alloc.get(GPU, "0") or 0)
+    model = str(labels.get(PRODUCT, "GPU")).removeprefix("NVIDIA-")
+    memory = int(labels.get(MEMORY, "0") or 0)
+    # Taints against everyone but GPU work (the one gpupool's pods tolerate) keep new work off the node.
+    blocking = [
+        t for t in (spec.get("taints") or []) if t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") != GPU
+    ]
+    schedulable = not spec.get("unschedulable", False) and not not_ready and not blocking
+    return Node(
+        name=meta["name"],
+        pool=str(labels.get(pool_label, "default")),
+        cpu_milli=parse_cpu_milli(str(alloc.get("cpu", "0"))),
+        memory_mib=parse_quantity_mib(str(alloc.get("memory", "0"))),
+        devices=tuple(Device(i, model, memory) for i in range(count)),
+        schedulable=schedulable,
+    )
+
+
+def ready(obj: Mapping[str, Any]) -> bool:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str) -> dict[str, Any]:
+    whole = [d for d in spec.devices if d.milli >= 1000]
+    shared = [d for d in spec.devices if d.milli < 1000]
+    env = dict(spec.env)
+    env.update(
+        {
+            "GPUPOOL_WORKLOAD": spec.workload_name,
+            "GPUPOOL_PROJECT": spec.project,
+            "GPUPOOL_ALLOCATION": spec.alloc_id,
+        }
+    )
+    if shared:
+        # As KAI-Scheduler does it: a reservation pod holds the whole device; sharers name it and get their
+        # limits in the environment.
+        d = shared[0]
+        env["NVIDIA_VISIBLE_DEVICES"] = device_uuid(spec.node, d.index)
+        env["GPUPOOL_GPU_FRACTION"] = f"{d.milli / 1000:.3f}"
+        env["GPUPOOL_GPU_MEMORY_LIMIT_MIB"] = str(d.memory_mib)
+    elif not whole:
+        env["NVIDIA_VISIBLE_DEVICES"] = "none"
+    if spec.port is not None:
+        env["PORT"] = str(spec.port)
+    labels = {
+        MANAGED: "true",
+        WORKLOAD_ID: str(spec.workload_id),
+        WORKLOAD: dns(spec.workload_name),
+        MEMBER: str(spec.rank),
+        "gpupool.io/attempt": str(spec.attempt),
+    }
+    pod_spec: dict[str, Any] = {
+        "schedulerName": SCHEDULER,
+        "nodeName": spec.node,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": int(spec.grace_s),
+        "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [],
+    }
+    if spec.world_size > 1:
+        service = gang_service(spec)
+        pod_spec["hostname"] = dns(f"rank-{spec.rank}")
+        pod_spec["subdomain"] = service
+        env.update(
+            {
+                "MASTER_ADDR": f"rank-0.{service}.{namespace}.svc",
+                "MASTER_PORT": str(spec.master_port or 29500),
+                "WORLD_SIZE": str(spec.world_size),
+                "RANK": str(spec.rank),
+                "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1",
+                "GROUP_RANK": str(spec.rank),
+            }
+        )
+        labels["gpupool.io/gang"] = service
+    resources: dict[str, Any] = {"limits": {}, "requests": {}}
+    if whole:
+        resources["limits"][GPU] = str(len(whole))
+    if spec.cpu_milli:
+        resources["requests"]["cpu"] = f"{spec.cpu_milli}m"
+    if spec.memory_mib:
+        resources["requests"]["memory"] = f"{spec.memory_mib}Mi"
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": spec.image or default_image,
+        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "resources": resources,
+    }
+    if spec.argv:
+        container["command"] = list(spec.argv)
+    if spec.port is not None:
+        container["ports"] = [{"containerPort": spec.port}]
+    pod_spec["containers"].append(container)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(spec),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                ALLOC: spec.alloc_id,
+                DEVICES: ",".join(f"{d.index}:{d.milli}" for d in spec.devices),
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
+def reservation_manifest(node: str, index: int, image: str) -> dict[str, Any]:
+    name = dns(f"reservation-{node}", 55) + f"-{index}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": SYSTEM_NAMESPACE,
+            "labels": {
+                MANAGED: "true",
+                RESERVATION: "true",
+                "gpupool.io/node": dns(node),
+                "gpupool.io/device": str(index),
+            },
+            "annotations": {"gpupool.io/node-name": node},
+        },
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {"name": "hold", "image": image, "command": ["sleep", "infinity"], "resources": {"limits": {GPU: "1"}}}
+            ],
+        },
+    }
+
+
+def gang_service_manifest(spec: LaunchSpec, namespace: str) -> dict[str, Any]:
+    name = gang_service(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": {MANAGED: "true"}},
+        "spec": {"clusterIP": "None", "selector": {"gpupool.io/gang": name}, "publishNotReadyAddresses": True},
+    }
