@@ -1,0 +1,77 @@
+"""The kubernetes backend's pure half: nodes read from Node objects, pods written from launch specs."""
+
+from __future__ import annotations
+
+from gpupool.backends.base import DeviceGrant, LaunchSpec
+from gpupool.backends.kubernetes.manifests import (
+    GPU,
+    SCHEDULER,
+    node_from,
+    pod_manifest,
+    pod_name,
+    reservation_manifest,
+)
+
+
+def _node(**over: object) -> dict[str, object]:
+    obj: dict[str, object] = {
+        "metadata": {
+            "name": "gpu-1",
+            "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
+                       "gpupool.io/pool": "h100"},
+        },
+        "spec": {},
+        "status": {"allocatable": {"cpu": "96", "memory": "1Ti", GPU: "8"}},
+    }  # fmt: skip
+    obj.update(over)
+    return obj
+
+
+def test_a_gpu_node_is_read_from_its_labels_and_allocatable() -> None:
+    n = node_from(_node(), "gpupool.io/pool", not_ready=False)
+    assert n is not None
+    assert (n.name, n.pool, n.cpu_milli, n.memory_mib, len(n.devices)) == ("gpu-1", "h100", 96_000, 1024 * 1024, 8)
+    assert n.devices[0].model == "H100-80GB-HBM3" and n.devices[0].memory_mib == 81559 and n.schedulable
+    assert not node_from(_node(), "gpupool.io/pool", not_ready=True).schedulable  # type: ignore[union-attr]
+    cordoned = _node(spec={"unschedulable": True})
+    assert not node_from(cordoned, "gpupool.io/pool", not_ready=False).schedulable  # type: ignore[union-attr]
+    tainted = _node(spec={"taints": [{"key": "maintenance", "effect": "NoSchedule"}]})
+    assert not node_from(tainted, "gpupool.io/pool", not_ready=False).schedulable  # type: ignore[union-attr]
+    gpu_only = _node(spec={"taints": [{"key": GPU, "effect": "NoSchedule"}]})
+    assert node_from(gpu_only, "gpupool.io/pool", not_ready=False).schedulable  # type: ignore[union-attr]
+
+
+def _spec(**over: object) -> LaunchSpec:
+    base: dict[str, object] = {
+        "alloc_id": "17-0-1", "workload_id": 17, "workload_name": "Train_ResNet", "project": "vision",
+        "kind": "training", "argv": ("python", "train.py"), "env": {"EPOCHS": "3"}, "node": "gpu-1",
+    }  # fmt: skip
+    base.update(over)
+    return LaunchSpec(**base)  # type: ignore[arg-type]
+
+
+def test_pods_are_bound_by_gpupool_with_deterministic_dns_safe_names() -> None:
+    whole = _spec(devices=(DeviceGrant(2, 1000, 81559, "H100", 81559), DeviceGrant(3, 1000, 81559, "H100", 81559)))
+    pod = pod_manifest(whole, "gpupool-vision", "img:1")
+    assert pod["metadata"]["name"] == pod_name(whole) == "train-resnet-17-0-1"
+    assert pod["spec"]["nodeName"] == "gpu-1" and pod["spec"]["schedulerName"] == SCHEDULER
+    main = pod["spec"]["containers"][0]
+    assert main["resources"]["limits"] == {GPU: "2"} and main["command"] == ["python", "train.py"]
+    assert {"name": "EPOCHS", "value": "3"} in main["env"]
+    assert pod["metadata"]["annotations"]["gpupool.io/allocation"] == "17-0-1"
+    long = _spec(workload_name="x" * 80)
+    assert len(pod_name(long)) <= 63 and pod_name(long) == pod_name(long)
+
+
+def test_fractions_name_their_reserved_device_and_gangs_get_torchrun_variables() -> None:
+    frac = pod_manifest(_spec(devices=(DeviceGrant(5, 250, 20389, "H100", 81559),)), "ns", "img")
+    env = {e["name"]: e["value"] for e in frac["spec"]["containers"][0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-gpu-1-5" and env["GPUPOOL_GPU_FRACTION"] == "0.250"
+    assert GPU not in frac["spec"]["containers"][0]["resources"]["limits"]  # the reservation holds the device
+    hold = reservation_manifest("gpu-1", 5, "img")
+    assert hold["spec"]["nodeName"] == "gpu-1" and hold["spec"]["containers"][0]["resources"]["limits"] == {GPU: "1"}
+    gang = pod_manifest(_spec(world_size=2, rank=1, master_port=29500), "gpupool-vision", "img")
+    genv = {e["name"]: e["value"] for e in gang["spec"]["containers"][0]["env"]}
+    assert genv["MASTER_ADDR"] == "rank-0.train-resnet-17-0.gpupool-vision.svc"
+    assert (genv["RANK"], genv["WORLD_SIZE"]) == ("1", "2")
+    assert gang["spec"]["hostname"] == "rank-1" and gang["spec"]["subdomain"] == "train-resnet-17-0"
