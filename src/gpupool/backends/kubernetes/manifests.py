@@ -69,9 +69,14 @@ def node_from(obj: Mapping[str, Any], pool_label: str, not_ready: bool) -> Node 
     count = int(alloc.get(GPU, "0") or 0)
     model = str(labels.get(PRODUCT, "GPU")).removeprefix("NVIDIA-")
     memory = int(labels.get(MEMORY, "0") or 0)
-    # Taints against everyone but GPU work (the one gpupool's pods tolerate) keep new work off the node.
+    # Taints against everyone but GPU work (the one gpupool's pods tolerate) keep new work off the node. The
+    # not-ready and unreachable taints only restate the Ready condition, which is read directly above (and
+    # without a controller manager nobody would ever lift them).
+    ignored = (GPU, "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
     blocking = [
-        t for t in (spec.get("taints") or []) if t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") != GPU
+        t
+        for t in (spec.get("taints") or [])
+        if t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") not in ignored
     ]
     schedulable = not spec.get("unschedulable", False) and not not_ready and not blocking
     return Node(

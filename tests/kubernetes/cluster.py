@@ -1,0 +1,199 @@
+"""A real Kubernetes control plane on 127.0.0.1 for the tests: etcd, kube-apiserver and kwok (playing every
+kubelet), built from the Go module proxy by scripts/build-k8s. No kube-scheduler: gpupool binds pods itself."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+STAGES = Path(__file__).with_name("kwok-stages.yaml")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def binaries() -> Path:
+    done = subprocess.run([str(REPO / "scripts" / "build-k8s")], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"scripts/build-k8s failed: {done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+class Cluster:
+    def __init__(self, root: Path, bin_dir: Path) -> None:
+        self.root = root
+        self.bin = bin_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.port = _port()
+        self.kubeconfig = root / "kubeconfig"
+        self.token = "gpupool-test-token"
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - kept for the process's life
+        self.procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def start(self) -> Cluster:
+        r = self.root
+        etcd_port, peer_port = _port(), _port()
+        self._spawn(
+            "etcd",
+            [
+                str(self.bin / "etcd"),
+                "--data-dir",
+                str(r / "etcd"),
+                "--name",
+                "test",
+                "--listen-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"test=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+            ],
+        )
+        subprocess.run(["openssl", "genrsa", "-out", str(r / "sa.key"), "2048"], check=True, capture_output=True)
+        subprocess.run(
+            ["openssl", "rsa", "-in", str(r / "sa.key"), "-pubout", "-out", str(r / "sa.pub")],
+            check=True,
+            capture_output=True,
+        )
+        (r / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                f"--secure-port={self.port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--cert-dir={r / 'certs'}",
+                f"--token-auth-file={r / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={r / 'sa.pub'}",
+                f"--service-account-signing-key-file={r / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/16",
+                "--disable-admission-plugins=ServiceAccount",
+                "--enable-priority-and-fairness=false",
+            ],
+        )
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "test",
+                    "clusters": [
+                        {
+                            "name": "test",
+                            "cluster": {"server": f"https://127.0.0.1:{self.port}", "insecure-skip-tls-verify": True},
+                        }
+                    ],
+                    "users": [{"name": "admin", "user": {"token": self.token}}],
+                    "contexts": [{"name": "test", "context": {"cluster": "test", "user": "admin"}}],
+                }
+            )
+        )
+        self._wait_ready()
+        self._spawn(
+            "kwok",
+            [
+                str(self.bin / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--config={STAGES}",
+                f"--server-address=127.0.0.1:{_port()}",
+            ],
+        )
+        return self
+
+    def _wait_ready(self, timeout: float = 120) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"{p.args[0]} exited: {self.logs()}")
+            try:
+                r = httpx.get(
+                    f"https://127.0.0.1:{self.port}/readyz",
+                    verify=False,
+                    timeout=2,
+                    headers={"Authorization": f"Bearer {self.token}"},
+                )
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"kube-apiserver not ready: {self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"== {f.name}\n{f.read_text(errors='replace')[-2000:]}" for f in sorted(self.root.glob("*.log"))
+        )
+
+    def api(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def add_gpu_nodes(self, count: int, prefix: str = "gpu", gpus: int = 8, pool: str = "h100") -> list[str]:
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api())
+        names = []
+        for i in range(count):
+            name = f"{prefix}-{i:03d}"
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {
+                        "type": "kwok",
+                        "gpupool.io/pool": pool,
+                        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                        "nvidia.com/gpu.memory": "81559",
+                        "kubernetes.io/hostname": name,
+                    },
+                },
+                "spec": {},
+                "status": {
+                    "allocatable": {"cpu": "96", "memory": "1Ti", "pods": "256", "nvidia.com/gpu": str(gpus)},
+                    "capacity": {"cpu": "96", "memory": "1Ti", "pods": "256", "nvidia.com/gpu": str(gpus)},
+                },
+            }
+            core.create_node(body)
+            names.append(name)
+        return names
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+os.environ.setdefault("PYTHONWARNINGS", "ignore:Unverified HTTPS request")

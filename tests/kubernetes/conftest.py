@@ -1,0 +1,42 @@
+"""A real control plane (etcd, kube-apiserver, kwok) per test module, and gpupool servers on it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Server
+from tests.kubernetes.cluster import Cluster, binaries
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    root = Path(tempfile.mkdtemp(prefix="gpupool-kube-"))
+    c = Cluster(root, binaries())
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def kube_server(tmp_path: Path, cluster: Cluster) -> Iterator[Callable[..., Server]]:
+    servers: list[Server] = []
+
+    def make(*args: str) -> Server:
+        root = tmp_path / f"server{len(servers)}"
+        root.mkdir()
+        s = Server(
+            root, None, "fake:1xH100-80GB", ("--backend", "kubernetes", "--kubeconfig", str(cluster.kubeconfig), *args)
+        )
+        servers.append(s)
+        return s.start()
+
+    yield make
+    for s in servers:
+        s.kill()

@@ -1,0 +1,87 @@
+"""gpupool on a real Kubernetes API server: decisions become bound pods, and pod phases come back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+from tests.e2e.conftest import Server, wait_for
+from tests.kubernetes.cluster import Cluster
+
+
+def _pods(cluster: Cluster) -> list[Any]:
+    return list(
+        client.CoreV1Api(cluster.api()).list_pod_for_all_namespaces(label_selector="gpupool.io/managed=true").items
+    )
+
+
+def _gpus_per_node(cluster: Cluster) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for p in _pods(cluster):
+        if p.metadata.deletion_timestamp:
+            continue
+        for c in p.spec.containers:
+            n = int(((c.resources.limits or {}).get("nvidia.com/gpu")) or 0)
+            out[p.spec.node_name] = out.get(p.spec.node_name, 0) + n
+    return out
+
+
+def test_workloads_become_bound_pods_and_their_phases_drive_states(
+    cluster: Cluster, kube_server: Callable[..., Server]
+) -> None:
+    nodes = cluster.add_gpu_nodes(2, prefix="basic")
+    s = kube_server()
+    wait_for(lambda: len([n for n in s.json("nodes") if n["name"] in nodes]) == 2, 30, "gpupool to see the nodes")
+    s.cli("project", "create", "vision", "--deserved-gpus", "16", "--pool", "h100")
+    s.cli("submit", "-p", "vision", "--name", "whole", "--gpus", "2", "--env", "RUN_FOR=3s", "--", "python", "train.py")
+    s.cli("submit", "-p", "vision", "--name", "quarter", "--gpu", "0.25", "--", "sleep", "inf")
+    s.cli(
+        "submit",
+        "-p",
+        "vision",
+        "--name",
+        "broken",
+        "--gpus",
+        "1",
+        "--env",
+        "RUN_FOR=1s",
+        "--env",
+        "EXIT_CODE=1",
+        "--",
+        "false",
+    )
+    s.cli("submit", "-p", "vision", "--name", "ddp", "--workers", "2", "--gpus", "4", "--", "torchrun", "train.py")
+    s.wait_state("whole", "running")
+    s.wait_state("quarter", "running")
+    s.wait_state("ddp", "running")
+    by_name = {
+        p.metadata.labels["gpupool.io/workload"]: p
+        for p in _pods(cluster)
+        if p.metadata.labels.get("gpupool.io/workload")
+    }
+    assert by_name["whole"].spec.scheduler_name == "gpupool" and by_name["whole"].spec.node_name in nodes
+    reservations = [p for p in _pods(cluster) if p.metadata.labels.get("gpupool.io/reservation")]
+    assert len(reservations) == 1 and reservations[0].spec.node_name == by_name["quarter"].spec.node_name
+    env = {e.name: e.value for e in by_name["quarter"].spec.containers[0].env}
+    assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-") and env["GPUPOOL_GPU_FRACTION"] == "0.250"
+    gang = [p for p in _pods(cluster) if p.metadata.labels.get("gpupool.io/workload") == "ddp"]
+    assert len(gang) == 2 and {e.name for e in gang[0].spec.containers[0].env} >= {"MASTER_ADDR", "RANK", "WORLD_SIZE"}
+    assert all(n <= 8 for n in _gpus_per_node(cluster).values())
+    assert s.wait_state("whole", "succeeded", timeout=30)["exit_code"] == 0
+    assert s.wait_state("broken", "failed", timeout=30)["exit_code"] == 1
+    s.cli("cancel", "quarter")
+    s.wait_state("quarter", "cancelled", timeout=30)
+    wait_for(
+        lambda: not [p for p in _pods(cluster) if p.metadata.labels.get("gpupool.io/reservation")],
+        30,
+        "the reservation to go with its last sharer",
+    )
+    # A restarted gpupool adopts the pods it finds and makes no second copy.
+    before = sorted(p.metadata.name for p in _pods(cluster))
+    s.kill()
+    s.start()
+    assert s.workload("ddp")["state"] == "running"
+    assert sorted(p.metadata.name for p in _pods(cluster)) == before
+    s.cli("cancel", "ddp")
+    s.wait_state("ddp", "cancelled", timeout=30)
