@@ -85,3 +85,35 @@ def test_workloads_become_bound_pods_and_their_phases_drive_states(
     assert sorted(p.metadata.name for p in _pods(cluster)) == before
     s.cli("cancel", "ddp")
     s.wait_state("ddp", "cancelled", timeout=30)
+
+
+def test_reclaim_deletes_the_borrowers_pods_and_a_lost_node_sends_its_work_back(
+    cluster: Cluster, kube_server: Callable[..., Server]
+) -> None:
+    nodes = cluster.add_gpu_nodes(2, prefix="reclaim")
+    s = kube_server()
+    wait_for(lambda: sum(1 for n in s.json("nodes") if n["name"] in nodes and n["schedulable"]) == 2, 30, "nodes")
+    s.cli("department", "create", "lab", "--deserved-gpus", "16", "--pool", "h100")
+    s.cli("project", "create", "borrower", "--department", "lab", "--deserved-gpus", "8", "--pool", "h100")
+    s.cli("project", "create", "owner", "--department", "lab", "--deserved-gpus", "8", "--pool", "h100")
+    for i in range(4):
+        s.cli("submit", "-p", "borrower", "--type", "batch", "--name", f"b{i}", "--gpus", "4", "--", "sleep", "inf")
+    for i in range(4):
+        s.wait_state(f"b{i}", "running")
+    assert sum(_gpus_per_node(cluster).values()) == 16
+    s.cli("submit", "-p", "owner", "--name", "mine", "--gpus", "8", "--", "sleep", "inf")
+    s.wait_state("mine", "running", timeout=60)
+    states = sorted(s.workload(f"b{i}")["state"] for i in range(4))
+    assert states == ["preempted", "preempted", "running", "running"]
+    live = [
+        p for p in _pods(cluster) if not p.metadata.deletion_timestamp and p.metadata.labels.get("gpupool.io/workload")
+    ]
+    assert sorted(p.metadata.labels["gpupool.io/workload"] for p in live) == sorted(
+        ["mine"] + [f"b{i}" for i in range(4) if s.workload(f"b{i}")["state"] == "running"]
+    )
+    assert all(n <= 8 for n in _gpus_per_node(cluster).values())
+    # The node under `mine` goes away: its work is sent back and starts again where there is room.
+    lost = s.workload("mine")["node"]
+    client.CoreV1Api(cluster.api()).delete_node(lost)
+    w = wait_for(lambda: (d := s.workload("mine")) and d["attempt"] >= 1 and d, 60, "mine to be requeued")
+    assert any("node" in e["reason"] and "lost" in e["reason"] for e in w["events"])
