@@ -186,6 +186,16 @@ class Cluster:
             names.append(name)
         return names
 
+    def reset(self) -> None:
+        """Remove every node and gpupool pod, so the next test starts from an empty cluster."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api())
+        for node in core.list_node().items:
+            core.delete_node(node.metadata.name)
+        for pod in core.list_pod_for_all_namespaces(label_selector="gpupool.io/managed=true").items:
+            core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+
     def stop(self) -> None:
         for p in reversed(self.procs):
             p.terminate()

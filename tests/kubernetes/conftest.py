@@ -40,3 +40,4 @@ def kube_server(tmp_path: Path, cluster: Cluster) -> Iterator[Callable[..., Serv
     yield make
     for s in servers:
         s.kill()
+    cluster.reset()

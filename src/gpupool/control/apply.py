@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpupool.backends.base import Backend, DeviceGrant, LaunchSpec
 from gpupool.control.reconcile import current, record
@@ -15,6 +16,7 @@ from gpupool.store.snapshot import row_id
 from gpupool.store.tables import AllocationRow, EventRow, NodeRow, WorkloadRow
 
 SERVES_PORT = ("notebook", "inference")
+log = logging.getLogger("gpupool.control")
 
 
 def free_port() -> int:
@@ -129,23 +131,53 @@ def launch_spec(row: WorkloadRow, alloc: AllocationRow, project: str, node: Node
     )
 
 
+Launcher = Callable[[Callable[[LaunchSpec], None], list[LaunchSpec]], list[BaseException | None]]
+
+
+def sequential(launch: Callable[[LaunchSpec], None], specs: list[LaunchSpec]) -> list[BaseException | None]:
+    out: list[BaseException | None] = []
+    for spec in specs:
+        try:
+            launch(spec)
+            out.append(None)
+        except Exception as e:  # reported per launch; the others still go
+            out.append(e)
+    return out
+
+
 def act(
-    rows: Sequence[WorkloadRow], projects: dict[int, str], nodes: dict[str, NodeRow], backend: Backend, now: float
+    rows: Sequence[WorkloadRow],
+    projects: dict[int, str],
+    nodes: dict[str, NodeRow],
+    backend: Backend,
+    now: float,
+    launcher: Launcher = sequential,
 ) -> tuple[list[EventRow], bool]:
     """Launch what is bound, signal what is stopping, promote what answers. Returns events and whether
-    something is in flight (the loop then looks again soon)."""
+    something is in flight (the loop then looks again soon). Launches may run in parallel (a remote backend
+    spends its time waiting on the network); one that fails stays bound and is tried again next cycle."""
     events: list[EventRow] = []
     busy = False
+    pending: list[tuple[AllocationRow, LaunchSpec]] = []
+    for row in rows:
+        if row.state not in ("starting", "running"):
+            continue
+        for alloc in current(row):
+            if alloc.state == "bound" and row.stop_reason is None:
+                pending.append((alloc, launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node))))
+            elif alloc.state == "bound":
+                alloc.state = "ended"  # stopped before it ever started
+    for (alloc, spec), error in zip(pending, launcher(backend.launch, [s for _, s in pending]), strict=True):
+        if error is None:
+            alloc.state = "launched"
+        else:
+            log.warning("launching %s failed; trying again next cycle: %s", spec.alloc_id, error)
+            busy = True
     for row in rows:
         if row.state not in ("starting", "running"):
             continue
         allocs = current(row)
         for alloc in allocs:
-            if alloc.state == "bound" and row.stop_reason is None:
-                backend.launch(launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node)))
-                alloc.state = "launched"
-            elif alloc.state == "bound":
-                alloc.state = "ended"  # stopped before it ever started
             if alloc.stop_at is not None and alloc.state != "ended":
                 backend.stop(alloc.id, force=now - alloc.stop_at >= row.grace_s)
                 busy = True

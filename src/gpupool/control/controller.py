@@ -6,12 +6,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import select, true
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpupool.backends.base import Backend, Sample
-from gpupool.control.apply import act, persist
+from gpupool.backends.base import Backend, LaunchSpec, Sample
+from gpupool.control.apply import act, persist, sequential
 from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.reconcile import current, reconcile, record
 from gpupool.control.usage import account
@@ -56,6 +57,7 @@ class Controller:
         self.last_cycle_s = 0.0
         self.cycles = 0
         self._memo = Memo()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,6 +116,19 @@ class Controller:
             last_end = time.monotonic()
             timeout = 0.2 if busy else self.interval_s
 
+    def _launch_all(self, launch: Callable[[LaunchSpec], None], specs: list[LaunchSpec]) -> list[BaseException | None]:
+        if len(specs) <= 1:
+            return sequential(launch, specs)
+
+        def one(spec: LaunchSpec) -> BaseException | None:
+            try:
+                launch(spec)
+            except Exception as e:  # reported per launch
+                return e
+            return None
+
+        return list(self._pool.map(one, specs))
+
     def _sample(
         self, s: Session, rows: list[WorkloadRow], policies: dict[int, Policy], nodes: dict[str, NodeRow], now: float
     ) -> None:
@@ -161,7 +176,7 @@ class Controller:
                 s.add_all(persist({r.id: r for r in rows}, decision, now))
             s.commit()  # persist first: a crash from here on relaunches by allocation id, never twice
             projects = {q.id: q.name for q in queues}
-            events, busy = act(rows, projects, nodes, self.backend, now)
+            events, busy = act(rows, projects, nodes, self.backend, now, self._launch_all)
             s.add_all(events)
             s.commit()
             self.last_decision = decision

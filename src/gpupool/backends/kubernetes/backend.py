@@ -48,11 +48,13 @@ class KubernetesBackend:
         k8s: Any = kubernetes
         client, config = k8s.client, k8s.config
         self.settings = settings
+        cfg = client.Configuration()
         if settings.kubeconfig:
-            api = config.new_client_from_config(config_file=settings.kubeconfig)
+            config.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg)
         else:
-            config.load_incluster_config()
-            api = client.ApiClient()
+            config.load_incluster_config(client_configuration=cfg)
+        cfg.connection_pool_maxsize = 16  # launches run in parallel
+        api = client.ApiClient(cfg)
         self.core: Any = client.CoreV1Api(api)
         self._client = client
         self._on_change = on_change
