@@ -21,8 +21,8 @@ def _check_commitments(cluster: Cluster) -> int:
     reserved: set[tuple[str, str]] = set()
     fractional: list[tuple[str, str]] = []
     for p in pods:
-        if p.status.phase in ("Succeeded", "Failed"):
-            continue
+        if p.status.phase in ("Succeeded", "Failed") or p.metadata.deletion_timestamp:
+            continue  # ended, or going (a released reservation is deleted with no grace)
         limits = p.spec.containers[0].resources.limits or {}
         used[p.spec.node_name] = used.get(p.spec.node_name, 0) + int(limits.get("nvidia.com/gpu", 0))
         labels = p.metadata.labels or {}

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,9 +63,13 @@ class KubernetesBackend:
         self._pods: dict[str, dict[str, Any]] = {}
         """alloc id → pod (as a dict), kept by the watch."""
         self._reservations: dict[tuple[str, int], str] = {}
+        self._launching: dict[tuple[str, int], set[str]] = {}
+        """Devices whose sharer pods are being created, until the watch shows them."""
+        self._forgotten: set[str] = set()
         self._namespaces: set[str] = set()
         self._not_ready_since: dict[str, float] = {}
         self._nodes: dict[str, dict[str, Any]] = {}
+        self._background = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpupool-kube-delete")
         self._stopping = threading.Event()
         self._synced = threading.Event()
         self._thread = threading.Thread(target=self._watch_pods, name="gpupool-kube-watch", daemon=True)
@@ -104,7 +109,7 @@ class KubernetesBackend:
         self._ensure_namespace(ns)
         for d in spec.devices:
             if d.milli < 1000:
-                self._reserve(spec.node, d.index)
+                self._reserve(spec.node, d.index, spec.alloc_id)
         if spec.world_size > 1:
             self._create(lambda: self.core.create_namespaced_service(ns, gang_service_manifest(spec, ns)))
         body = pod_manifest(spec, ns, self.settings.default_image)
@@ -149,16 +154,21 @@ class KubernetesBackend:
         return out
 
     def forget(self, alloc_id: str) -> None:
+        """Delete an ended member's pod in the background: the loop need not wait on the API server for it."""
         with self._lock:
             pod = self._pods.get(alloc_id)
         if pod is not None:
-            meta = pod["metadata"]
-            try:
-                self.core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0)
-            except self._client.ApiException as e:
-                if e.status != 404:
-                    raise
+            self._background.submit(self._delete, pod["metadata"]["name"], pod["metadata"]["namespace"])
+        with self._lock:
+            self._forgotten.add(alloc_id)
         self._release_unused()
+
+    def _delete(self, name: str, namespace: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except self._client.ApiException as e:
+            if e.status != 404:
+                log.warning("deleting pod %s/%s failed: %s", namespace, name, e.reason)
 
     def read_log(self, workload_id: int, rank: int, offset: int, limit: int) -> bytes:
         with self._lock:
@@ -186,6 +196,7 @@ class KubernetesBackend:
 
     def close(self) -> None:
         self._stopping.set()
+        self._background.shutdown(wait=False)
 
     # -- internals -----------------------------------------------------------------------------------------
     def _create(self, call: Callable[[], Any]) -> None:
@@ -202,7 +213,9 @@ class KubernetesBackend:
         self._create(lambda: self.core.create_namespace(body))
         self._namespaces.add(ns)
 
-    def _reserve(self, node: str, index: int) -> None:
+    def _reserve(self, node: str, index: int, alloc_id: str) -> None:
+        with self._lock:
+            self._launching.setdefault((node, index), set()).add(alloc_id)
         self._ensure_namespace(SYSTEM_NAMESPACE)
         body = reservation_manifest(node, index, self.settings.default_image)
         self._create(lambda: self.core.create_namespaced_pod(SYSTEM_NAMESPACE, body))
@@ -210,9 +223,15 @@ class KubernetesBackend:
     def _release_unused(self) -> None:
         """A reservation goes when the last sharer of its device has gone."""
         with self._lock:
-            in_use = set()
-            for pod in self._pods.values():
-                if pod["metadata"].get("deletionTimestamp"):
+            # Sharers being launched right now are not in the watch's view yet; their devices stay reserved.
+            in_use = {key for key, allocs in self._launching.items() if allocs}
+            for alloc, pod in self._pods.items():
+                phase = (pod.get("status") or {}).get("phase")
+                if (
+                    pod["metadata"].get("deletionTimestamp")
+                    or alloc in self._forgotten
+                    or phase in ("Succeeded", "Failed")
+                ):
                     continue
                 node = pod["spec"].get("nodeName", "")
                 for part in filter(None, (pod["metadata"].get("annotations") or {}).get(DEVICES, "").split(",")):
@@ -222,11 +241,7 @@ class KubernetesBackend:
             held = dict(self._reservations)
         for (node, index), name in held.items():
             if (node, index) not in in_use:
-                try:
-                    self.core.delete_namespaced_pod(name, SYSTEM_NAMESPACE, grace_period_seconds=0)
-                except self._client.ApiException as e:
-                    if e.status != 404:
-                        raise
+                self._delete(name, SYSTEM_NAMESPACE)
 
     def _apply_event(self, kind: str, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -247,8 +262,11 @@ class KubernetesBackend:
                 return
             if kind == "DELETED":
                 self._pods.pop(alloc, None)
+                self._forgotten.discard(alloc)
             else:
                 self._pods[alloc] = pod
+                for allocs in self._launching.values():
+                    allocs.discard(alloc)
 
     def _watch_pods(self) -> None:
         """List, then watch from the list's resourceVersion; on 410 Gone (or any break) list again."""
