@@ -56,17 +56,25 @@ class PodClock:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        for event in self._watch.stream(
-            self._core.list_pod_for_all_namespaces, label_selector="gpupool.io/managed=true", timeout_seconds=3600
-        ):
-            pod = event["object"]
-            name = (pod.metadata.labels or {}).get("gpupool.io/workload")
-            if not name:
-                continue
-            now = time.time()
-            self.bound.setdefault(name, now)
-            if pod.status.phase == "Running":
-                self.running.setdefault(name, now)
+        while True:  # a watch the server drops is started again from a fresh list
+            try:
+                for pod in self._core.list_pod_for_all_namespaces(label_selector="gpupool.io/managed=true").items:
+                    self._see(pod)
+                for event in self._watch.stream(
+                    self._core.list_pod_for_all_namespaces, label_selector="gpupool.io/managed=true", timeout_seconds=60
+                ):
+                    self._see(event["object"])
+            except Exception:  # the cluster is going away at the end of the run, or a watch broke
+                time.sleep(0.2)
+
+    def _see(self, pod: Any) -> None:
+        name = (pod.metadata.labels or {}).get("gpupool.io/workload")
+        if not name:
+            return
+        now = time.time()
+        self.bound.setdefault(name, now)
+        if pod.status.phase == "Running":
+            self.running.setdefault(name, now)
 
 
 def _pct(values: list[float], q: float) -> float:
