@@ -117,3 +117,29 @@ def test_reclaim_deletes_the_borrowers_pods_and_a_lost_node_sends_its_work_back(
     client.CoreV1Api(cluster.api()).delete_node(lost)
     w = wait_for(lambda: (d := s.workload("mine")) and d["attempt"] >= 1 and d, 60, "mine to be requeued")
     assert any("node" in e["reason"] and "lost" in e["reason"] for e in w["events"])
+
+
+def test_in_project_preemption_deletes_the_lowest_priority_pods(
+    cluster: Cluster, kube_server: Callable[..., Server]
+) -> None:
+    (node,) = cluster.add_gpu_nodes(1, prefix="preempt")
+    s = kube_server()
+    wait_for(lambda: any(n["name"] == node and n["schedulable"] for n in s.json("nodes")), 30, "the node")
+    s.cli("project", "create", "team", "--deserved-gpus", "8", "--pool", "h100")
+    for i in range(8):
+        s.cli("submit", "-p", "team", "--type", "batch", "--name", f"sweep{i}", "--gpus", "1", "--", "sleep", "inf")
+    for i in range(8):
+        s.wait_state(f"sweep{i}", "running")
+    s.cli("submit", "-p", "team", "--name", "train", "--gpus", "4", "--", "python", "train.py")
+    s.wait_state("train", "running", timeout=60)
+    states = [s.workload(f"sweep{i}")["state"] for i in range(8)]
+    assert states.count("preempted") == 4 and states.count("running") == 4
+    live = {
+        p.metadata.labels["gpupool.io/workload"]
+        for p in _pods(cluster)
+        if not p.metadata.deletion_timestamp
+        and p.status.phase == "Running"
+        and p.metadata.labels.get("gpupool.io/workload")
+    }
+    assert live == {"train"} | {f"sweep{i}" for i in range(8) if states[i] == "running"}
+    assert _gpus_per_node(cluster)[node] == 8
