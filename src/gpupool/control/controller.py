@@ -161,7 +161,8 @@ class Controller:
             with s.no_autoflush:
                 active = WorkloadRow.state.in_(ACTIVE) & WorkloadRow.hold.is_(False)
                 rows = list(s.scalars(select(WorkloadRow).where(active).order_by(WorkloadRow.id)))
-                s.add_all(reconcile(rows, observed, self.backend, now))
+                events_so_far, ended = reconcile(rows, observed, now)
+                s.add_all(events_so_far)
                 rows = [r for r in rows if r.state in ACTIVE and not r.hold]
                 queues = list(s.scalars(select(QueueRow)))
                 nodes = {n.name: n for n in s.scalars(select(NodeRow))}
@@ -175,6 +176,8 @@ class Controller:
                 decision = schedule(build_snapshot(s, rows, now), self.config, memo=self._memo)
                 s.add_all(persist({r.id: r for r in rows}, decision, now))
             s.commit()  # persist first: a crash from here on relaunches by allocation id, never twice
+            for alloc_id in ended:
+                self.backend.forget(alloc_id)
             projects = {q.id: q.name for q in queues}
             events, busy = act(rows, projects, nodes, self.backend, now, self._launch_all)
             s.add_all(events)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpupool.backends.base import Backend, Observed
+from gpupool.backends.base import Observed
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
 
 EVICTIONS = ("reclaim", "preempt", "consolidate", "gang-broken", "node-lost")
@@ -21,9 +21,12 @@ def current(row: WorkloadRow) -> list[AllocationRow]:
 
 
 def reconcile(
-    rows: Sequence[WorkloadRow], observed: dict[str, Observed], backend: Backend, now: float
-) -> list[EventRow]:
+    rows: Sequence[WorkloadRow], observed: dict[str, Observed], now: float
+) -> tuple[list[EventRow], list[str]]:
+    """Returns the events, and the launches that ended: the caller tells the backend to forget them once this
+    is committed, so a crash in between never loses how a member ended."""
     events: list[EventRow] = []
+    ended_now: list[str] = []
     for row in rows:
         if row.state not in ("starting", "running"):
             continue
@@ -44,7 +47,7 @@ def reconcile(
                 for other in allocs:
                     if other.state != "ended" and other.stop_at is None:
                         other.stop_at = now
-            backend.forget(alloc.id)
+            ended_now.append(alloc.id)
         ended = [a for a in allocs if a.state == "ended"]
         if not ended:
             continue
@@ -60,7 +63,7 @@ def reconcile(
                     a.stop_at = now
             code = bad[0].exit_code
             events.append(record(row, row.state, f"member {bad[0].member} exited with {_code(code)}; stopping", now))
-    return events
+    return events, ended_now
 
 
 def _code(code: int | None) -> str:
