@@ -13,7 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpupool.control.controller import Controller
-from gpupool.store.tables import AllocationRow, EventRow, NodeRow, QueueRow, UsageRow, WorkloadRow
+from gpupool.store.holdings import by_device, by_project, holdings
+from gpupool.store.tables import EventRow, NodeRow, QueueRow, UsageRow, WorkloadRow
 
 _DCGM = ["gpu", "UUID", "Hostname", "modelName"]
 
@@ -24,18 +25,8 @@ def render(session: Session, controller: Controller) -> tuple[bytes, str]:
     names = {q.id: q.name for q in session.scalars(select(QueueRow))}
     projects = {q.id: q for q in session.scalars(select(QueueRow).where(QueueRow.kind == "project"))}
 
-    used: dict[tuple[str, int], int] = {}
-    per_project: dict[int, int] = dict.fromkeys(projects, 0)
-    rows = session.execute(
-        select(AllocationRow.node, AllocationRow.devices, WorkloadRow.project_id)
-        .join(WorkloadRow, AllocationRow.workload_id == WorkloadRow.id)
-        .where(AllocationRow.state != "ended")
-    )
-    for node, devices, project_id in rows:
-        for d in devices:
-            key = (node, int(d["index"]))
-            used[key] = used.get(key, 0) + int(d["milli"])
-            per_project[project_id] = per_project.get(project_id, 0) + int(d["milli"])
+    held = holdings(session)
+    used, per_project = by_device(held), by_project(held)
     for n in session.scalars(select(NodeRow)):
         for d in n.devices:
             ratio = used.get((n.name, int(d["index"])), 0) / 1000

@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from gpupool.api.schemas import DepartmentCreate, ProjectCreate, QueuePublic, QuotaUpdate, UserCreate
-from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, save_config
+from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table, save_config
 from gpupool.client import ApiError, Client
 
 department_app = typer.Typer(help="Departments: groups of projects with a quota of their own.", no_args_is_help=True)
@@ -46,17 +44,16 @@ def whoami(output: Output = OutputOpt) -> None:
 
 
 def _queues_table(rows: list[QueuePublic], title: str) -> None:
-    table = Table(title=title)
-    for col in ("NAME", "DEPARTMENT", "POOL", "DESERVED", "LIMIT", "WEIGHT", "ALLOCATED"):
-        table.add_column(col)
-    for q in rows:
-        for quota in q.quotas or []:
-            limit = "-" if quota.limit_gpus is None else f"{quota.limit_gpus:g}"
-            table.add_row(
-                q.name, q.parent or "-", quota.pool, f"{quota.deserved_gpus:g}", limit, str(quota.weight),
-                f"{q.allocated_gpus:g}",
-            )  # fmt: skip
-    Console().print(table)
+    print_table(
+        title,
+        ("NAME", "DEPARTMENT", "POOL", "DESERVED", "LIMIT", "WEIGHT", "ALLOCATED"),
+        (
+            (q.name, q.parent or "-", quota.pool, f"{quota.deserved_gpus:g}",
+             "-" if quota.limit_gpus is None else f"{quota.limit_gpus:g}", str(quota.weight), f"{q.allocated_gpus:g}")
+            for q in rows
+            for quota in q.quotas or []
+        ),
+    )  # fmt: skip
 
 
 @department_app.command("create")
@@ -173,12 +170,7 @@ def user_list(output: Output = OutputOpt) -> None:
     if output is Output.json:
         emit_json(rows)
         return
-    table = Table(title="users")
-    for col in ("NAME", "ROLE", "PROJECTS"):
-        table.add_column(col)
-    for u in rows:
-        table.add_row(u.name, u.role, ", ".join(u.projects) or "-")
-    Console().print(table)
+    print_table("users", ("NAME", "ROLE", "PROJECTS"), ((u.name, u.role, ", ".join(u.projects) or "-") for u in rows))
 
 
 __all__ = ["ApiError", "department_app", "login", "project_app", "user_app", "whoami"]

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
 from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
 
 from gpupool.client import Client
 
@@ -70,3 +72,13 @@ def emit_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> None:
     else:
         out = data
     print(json.dumps(out, indent=2))
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """One Rich table: the CLI's every human-readable list."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)

@@ -9,11 +9,9 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from gpupool.api.schemas import PolicyPublic, PolicyUpdate
-from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail
+from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
 
 report_app = typer.Typer(help="Usage and cost reports.", no_args_is_help=True)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
@@ -114,12 +112,8 @@ def usage(
         for line in lines:
             writer.writerow([getattr(line, col) for col in cols])
         return
-    table = Table(title=f"usage by {by}")
-    for col in (by.upper(), "GPU-HOURS", "BUSY", "IDLE", "COST", "BUSY COST", "IDLE COST"):
-        table.add_column(col)
-    for line in lines:
-        table.add_row(
-            line.key, f"{line.gpu_hours:.2f}", f"{line.busy_gpu_hours:.2f}", f"{line.idle_gpu_hours:.2f}",
-            f"{line.cost:.2f}", f"{line.busy_cost:.2f}", f"{line.idle_cost:.2f}",
-        )  # fmt: skip
-    Console().print(table)
+    print_table(
+        f"usage by {by}",
+        (by.upper(), "GPU-HOURS", "BUSY", "IDLE", "COST", "BUSY COST", "IDLE COST"),
+        ((line.key, *(f"{getattr(line, col):.2f}" for col in cols[1:])) for line in lines),
+    )

@@ -10,11 +10,9 @@ from typing import Annotated, Any
 import typer
 import yaml
 from pydantic import ValidationError
-from rich.console import Console
-from rich.table import Table
 
 from gpupool.api.schemas import WorkloadCreate, WorkloadDetail
-from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config
+from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table
 from gpupool.client import Client
 
 ProjectOpt = Annotated[str | None, typer.Option("-p", "--project", help="The project (default: your only one).")]
@@ -125,13 +123,15 @@ def list_(
     if output is Output.json:
         emit_json(rows)
         return
-    table = Table()
-    for col in ("NAME", "PROJECT", "TYPE", "PRIORITY", "STATE", "GPUS", "NODE/DEVICES", "AGE"):
-        table.add_column(col)
-    for w in rows:
-        where = f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-"
-        table.add_row(w.name, w.project, w.type, w.priority, w.state, w.gpu_request, where, _age(w.created_at))
-    Console().print(table)
+    print_table(
+        None,
+        ("NAME", "PROJECT", "TYPE", "PRIORITY", "STATE", "GPUS", "NODE/DEVICES", "AGE"),
+        (
+            (w.name, w.project, w.type, w.priority, w.state, w.gpu_request,
+             f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-", _age(w.created_at))
+            for w in rows
+        ),
+    )  # fmt: skip
 
 
 def _describe_text(d: WorkloadDetail) -> None:
@@ -229,13 +229,13 @@ def nodes(output: Output = OutputOpt) -> None:
     if output is Output.json:
         emit_json(rows)
         return
-    table = Table(title="GPUs")
-    for col in ("NODE", "POOL", "DEVICE", "MODEL", "MEMORY", "ALLOCATED", "WORKLOADS"):
-        table.add_column(col)
-    for n in rows:
-        for d in n.devices:
-            table.add_row(
-                n.name, n.pool, str(d.index), d.model, f"{d.memory_mib // 1024} GiB", f"{d.allocated_milli / 1000:g}",
-                ", ".join(d.workloads) or "-",
-            )  # fmt: skip
-    Console().print(table)
+    print_table(
+        "GPUs",
+        ("NODE", "POOL", "DEVICE", "MODEL", "MEMORY", "ALLOCATED", "WORKLOADS"),
+        (
+            (n.name, n.pool, str(d.index), d.model, f"{d.memory_mib // 1024} GiB", f"{d.allocated_milli / 1000:g}",
+             ", ".join(d.workloads) or "-")
+            for n in rows
+            for d in n.devices
+        ),
+    )  # fmt: skip

@@ -7,22 +7,16 @@ from sqlalchemy.orm import Session
 
 from gpupool.api.schemas import DeviceUsage, NodePublic
 from gpupool.services.auth import Principal
-from gpupool.store.tables import AllocationRow, NodeRow, WorkloadRow
+from gpupool.store.holdings import holdings
+from gpupool.store.tables import NodeRow
 
 
 def list_nodes(session: Session, who: Principal) -> list[NodePublic]:
     usage: dict[tuple[str, int], tuple[int, list[str]]] = {}
-    rows = session.execute(
-        select(AllocationRow, WorkloadRow.name, WorkloadRow.project_id)
-        .join(WorkloadRow, AllocationRow.workload_id == WorkloadRow.id)
-        .where(AllocationRow.state != "ended")
-    )
-    for alloc, name, project_id in rows:
-        label = name if who.can_read(project_id) else "(another project)"
-        for d in alloc.devices:
-            key = (alloc.node, int(d["index"]))
-            milli, names = usage.get(key, (0, []))
-            usage[key] = (milli + int(d["milli"]), [*names, label])
+    for h in holdings(session):
+        label = h.workload if who.can_read(h.project_id) else "(another project)"
+        milli, names = usage.get((h.node, h.device), (0, []))
+        usage[(h.node, h.device)] = (milli + h.milli, [*names, label])
     out = []
     for n in session.scalars(select(NodeRow).order_by(NodeRow.name)):
         devices = []

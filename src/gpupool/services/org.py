@@ -22,7 +22,8 @@ from gpupool.api.schemas import (
 from gpupool.core import MILLI
 from gpupool.services.auth import Principal, hash_token, new_token
 from gpupool.services.errors import Conflict, Invalid, NotFound
-from gpupool.store.tables import AllocationRow, MembershipRow, QueueRow, QuotaRow, UserRow, WorkloadRow
+from gpupool.store.holdings import by_project, holdings
+from gpupool.store.tables import MembershipRow, QueueRow, QuotaRow, UserRow
 
 
 def _milli(gpus: float | None) -> int | None:
@@ -137,21 +138,9 @@ def queue_public(session: Session, row: QueueRow, allocated: dict[int, int] | No
     )
 
 
-def _allocated_by_project(session: Session) -> dict[int, int]:
-    out: dict[int, int] = {}
-    rows = session.execute(
-        select(WorkloadRow.project_id, AllocationRow.devices)
-        .join(AllocationRow, AllocationRow.workload_id == WorkloadRow.id)
-        .where(AllocationRow.state != "ended")
-    )
-    for project_id, devices in rows:
-        out[project_id] = out.get(project_id, 0) + sum(int(d["milli"]) for d in devices)
-    return out
-
-
 def list_queues(session: Session, who: Principal, kind: str) -> list[QueuePublic]:
     rows = session.scalars(select(QueueRow).where(QueueRow.kind == kind).order_by(QueueRow.name)).all()
-    allocated = _allocated_by_project(session)
+    allocated = by_project(holdings(session))
     if kind == "department":
         by_parent: dict[int, int] = {}
         for r in session.scalars(select(QueueRow).where(QueueRow.kind == "project")):
