@@ -181,6 +181,16 @@ def past_min_runtime(w: Workload, now: float) -> bool:
     return now - started >= w.min_runtime_s
 
 
+def owed(before: Snapshot, used_before: Usage, pre: Workload, victim: Workload) -> bool:
+    """Whether `pre` reclaims within its project's deserved quota (which a minimum runtime does not delay)."""
+    pool = pool_of(before, victim.placements)
+    if pool is None or pre.project == victim.project:
+        return False
+    queues = {q.name: q for q in before.queues}
+    need = pre.request.nominal_milli() * pre.gang_size
+    return all(used_before[q, pool] + need <= queues[q].quota(pool).deserved for q in chain(before.queues, pre.project))
+
+
 def check_decision(before: Snapshot, decision: Decision) -> None:
     by_id = {w.id: w for w in before.workloads}
     evicted = [e.workload for e in decision.evictions]
@@ -193,9 +203,11 @@ def check_decision(before: Snapshot, decision: Decision) -> None:
         if e.reason is EvictReason.GANG_BROKEN:
             continue
         assert v.preemptible, f"{e.reason.value} evicted non-preemptible {v.id}"
-        assert past_min_runtime(v, before.now), f"{e.reason.value} evicted {v.id} before its min runtime"
         assert e.preemptor is not None and e.preemptor in by_id, f"eviction of {v.id} names no preemptor"
         pre = by_id[e.preemptor]
+        assert past_min_runtime(v, before.now) or owed(before, used_before, pre, v), (
+            f"{e.reason.value} evicted {v.id} before its min runtime"
+        )
         if e.reason is EvictReason.PREEMPT:
             assert pre.project == v.project, f"preempt across projects: {pre.id} ({pre.project}) -> {v.id}"
             assert pre.priority > v.priority, f"preempt by {pre.id} ({pre.priority}) of {v.id} ({v.priority})"

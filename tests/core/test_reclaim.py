@@ -72,16 +72,18 @@ def test_no_node_could_host_it_even_after_evictions_so_nothing_is_evicted() -> N
     assert run.reason("wide") == "never-fits"
 
 
-def test_reclaim_respects_minimum_runtime() -> None:
-    c = Cluster().pool("h100", nodes=1, gpus=2).project("a", deserved=1).project("b", deserved=1)
-    c.submit("b0", "b", gpus=1, min_runtime=600).submit("b1", "b", gpus=1, min_runtime=600)
+def test_fair_share_reclaim_respects_minimum_runtime_but_a_deserved_quota_does_not_wait() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=4).project("a", deserved=1).project("b", deserved=1)
+    for i in range(4):
+        c.submit(f"b{i}", "b", gpus=1, min_runtime=600)
     run = Run(c.snapshot()).settle()
-    run.submit(c, "a0", "a", gpus=1)
-    run.cycle()
-    assert run.evicted() == []
+    run.submit(c, "a0", "a", gpus=1).submit(c, "a1", "a", gpus=1)
+    run.settle()
+    assert "a0" in run.running()  # a's deserved GPU comes back at once
+    assert "a1" in run.pending() and len(run.evicted()) == 1  # its fair share beyond that waits
     run.advance(600)
     run.settle()
-    assert "a0" in run.running() and len(run.evicted()) == 1
+    assert "a1" in run.running() and len(run.evicted()) == 2
 
 
 def test_department_over_its_fair_share_gives_back_to_the_other_department() -> None:
@@ -123,3 +125,34 @@ def test_reclaim_from_a_sibling_inside_a_full_department() -> None:
     assert "a0" in run.running()
     assert run.evicted() == ["b3"]
     assert run.used_gpus("c") == 4 and run.used_gpus("b") == 3
+
+
+def test_an_owed_project_takes_back_a_straddling_gang() -> None:
+    # b's only work above its quota is part of one 6-GPU run: 4 GPUs of it within b's deserved, 2 above.
+    c = Cluster().pool("h100", nodes=1, gpus=8).project("a", deserved=4).project("b", deserved=4)
+    run = Run(c.snapshot())
+    run.submit(c, "b-big", "b", gpus=6).settle()
+    run.submit(c, "a0", "a", gpus=4).settle()
+    assert run.evicted() == ["b-big"]
+    assert "a0" in run.running()
+    run.submit(c, "b-small", "b", gpus=4).settle()
+    assert "b-small" in run.running()  # b has its guarantee again at once
+    assert "b-big" in run.pending() and run.evicted() == ["b-big"]  # and takes nothing back from a
+
+
+def test_a_straddling_workload_is_taken_only_when_nothing_smaller_will_do() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=8).project("a", deserved=4).project("b", deserved=4)
+    run = Run(c.snapshot())
+    run.submit(c, "b-big", "b", gpus=5).settle()
+    run.submit(c, "b-one", "b", gpus=1).settle()
+    run.submit(c, "a0", "a", gpus=3).settle()  # 2 GPUs are free; the third comes from b
+    assert run.evicted() == ["b-one"]  # b keeps 5 of its deserved 4: no straddling victim was needed
+    assert "a0" in run.running()
+
+
+def test_a_project_above_its_deserved_quota_never_takes_a_straddling_workload() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=8).project("a", deserved=2).project("b", deserved=6)
+    run = Run(c.snapshot())
+    run.submit(c, "b-big", "b", gpus=8).settle()
+    run.submit(c, "a-wide", "a", gpus=3).settle()  # more than a is owed: fair-share reclaim only
+    assert run.evicted() == [] and "a-wide" in run.pending()

@@ -3,6 +3,15 @@
 Only preemptible workloads of projects over their deserved quota are victims, whatever their priority.
 A reclaim never leaves a victim project (or department) below its deserved quota, nor lifts the
 reclaimer above its fair share.
+
+A project taking back its deserved quota (it stays within it) goes further, because `deserved` is a
+guarantee:
+- minimum runtimes shield borrowed GPUs from other borrowers, not from the project they are owed to;
+- when nothing else will do, it may take a borrower's straddling workload, one that runs partly within
+  the borrower's deserved quota and partly above it, as Run:ai does. Otherwise a borrower whose only work
+  above its quota is one big gang would keep an owed project waiting until the gang ends. The borrower
+  then stands below its deserved quota by less than that one workload and may use its guarantee again at
+  once; it cannot take the GPUs back, since the owed project is within its own deserved quota.
 """
 
 from __future__ import annotations
@@ -46,6 +55,10 @@ def reclaim(session: Session) -> None:
         victim_queues, eligible, valid = _rules(session, ws, by_quota, nominal)
         message = f"reclaimed for {ws.w.id} of project {ws.w.project}, which is below its fair share"
         evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
+        if evicted is None and any(by_quota.values()):
+            owed: dict[int, bool] = {p: True for p, ok in by_quota.items() if ok}
+            victim_queues, eligible, valid = _rules(session, ws, owed, nominal, straddle=True)
+            evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
         if evicted is None:
             failed.add(key)
             continue
@@ -68,14 +81,16 @@ def _within(session: Session, chain: tuple[int, ...], p: int, nominal: int, boun
 
 
 def _rules(
-    session: Session, ws: WorkloadState, by_quota: dict[int, bool], nominal: int
+    session: Session, ws: WorkloadState, by_quota: dict[int, bool], nominal: int, straddle: bool = False
 ) -> tuple[list[int], Callable[[WorkloadState], bool], Callable[[], bool]]:
     """Victim queues, the victim test and the final check of one reclaim attempt.
 
     Victims: preemptible work of other projects, in pools where the reclaimer is entitled. Every queue
     that loses work (up to the common ancestor) stays at or above its deserved quota and was above its
     fair share, unless the reclaimer is within its own deserved quota (quota reclaim). The reclaimer and
-    its ancestors end no higher than their fair share.
+    its ancestors end no higher than their fair share. With `straddle` (quota reclaim only), a victim
+    may be larger than what its queues hold above their deserved quotas, as long as they hold something
+    above it: each victim queue then loses at most one workload that takes it below.
     """
     state, tree = session.state, session.state.tree
     chain = tree.chain[ws.queue]
@@ -120,7 +135,9 @@ def _rules(
         theirs = tree.chain[v.queue]
         if any(not room[(q, p)] for q in chain[1:] if q not in theirs):
             return False
-        return v.milli <= headroom(v.queue, p) and past_min_runtime(v, state.now)
+        spare = headroom(v.queue, p)
+        # A minimum runtime shields borrowed GPUs from other borrowers, not from the project they are owed to.
+        return (spare > 0 if straddle else v.milli <= spare) and (by_quota[p] or past_min_runtime(v, state.now))
 
     def valid() -> bool:
         p = ws.pool_idx
