@@ -182,13 +182,19 @@ def past_min_runtime(w: Workload, now: float) -> bool:
 
 
 def owed(before: Snapshot, used_before: Usage, pre: Workload, victim: Workload) -> bool:
-    """Whether `pre` reclaims within its project's deserved quota (which a minimum runtime does not delay)."""
+    """Whether `pre` reclaims within its deserved quota, and within its departments' where they grow (which
+    a minimum runtime does not delay)."""
     pool = pool_of(before, victim.placements)
     if pool is None or pre.project == victim.project:
         return False
     queues = {q.name: q for q in before.queues}
     need = pre.request.nominal_milli() * pre.gang_size
-    return all(used_before[q, pool] + need <= queues[q].quota(pool).deserved for q in chain(before.queues, pre.project))
+    theirs = set(chain(before.queues, victim.project))
+    return all(
+        used_before[q, pool] + need <= queues[q].quota(pool).deserved
+        for q in chain(before.queues, pre.project)
+        if q not in theirs
+    )
 
 
 def check_decision(before: Snapshot, decision: Decision) -> None:

@@ -12,6 +12,14 @@ def borrowing_cluster() -> tuple[Cluster, Run]:
     return c, run
 
 
+def two_departments(c: Cluster) -> Cluster:
+    """d1 (projects a and b, 2 GPUs deserved each) and d2 (project c, 4 GPUs deserved)."""
+    c.department("d1", deserved=4).department("d2", deserved=4)
+    return c.project("a", department="d1", deserved=2).project("b", department="d1", deserved=2).project(
+        "c", department="d2", deserved=4
+    )
+
+
 def test_project_within_deserved_reclaims_from_a_borrower() -> None:
     c, run = borrowing_cluster()
     assert run.used_gpus("b") == 8
@@ -86,6 +94,47 @@ def test_fair_share_reclaim_respects_minimum_runtime_but_a_deserved_quota_does_n
     assert "a1" in run.running() and len(run.evicted()) == 2
 
 
+def test_an_owed_project_takes_a_young_workload_only_when_no_older_one_will_do() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=8).project("a", deserved=4).project("b", deserved=4)
+    run = Run(c.snapshot())
+    for i in range(5):
+        run.submit(c, f"b{i}", "b", gpus=1, min_runtime=600).settle()
+    run.advance(600)
+    run.submit(c, "b-young", "b", gpus=1, min_runtime=600).settle()
+    run.submit(c, "a0", "a", gpus=3).settle()  # 2 GPUs are free; b holds 2 above its quota
+    assert run.evicted() == ["b4"]  # the newest of those past their minimum runtime, not b-young
+    run.submit(c, "a1", "a", gpus=1).settle()
+    assert run.evicted() == ["b4", "b3"]  # still an older one
+
+
+def test_an_owed_project_takes_back_from_a_young_sibling_in_a_department_over_its_quota() -> None:
+    c = two_departments(Cluster().pool("h100", nodes=1, gpus=8))
+    run = Run(c.snapshot())
+    run.submit(c, "c0", "c", gpus=2).settle()
+    for i in range(6):
+        run.submit(c, f"b{i}", "b", gpus=1, min_runtime=600).settle()  # d1 holds 6 of its 4; all 8 are taken
+    run.submit(c, "a0", "a", gpus=2).settle()
+    assert "a0" in run.running()
+    assert sorted(run.evicted()) == ["b4", "b5"]  # inside d1, so d1 being over its quota is no bar
+
+
+def test_a_victim_set_the_final_check_refuses_gives_way_to_the_next_cheapest() -> None:
+    # Evicting b's half-GPU notebook on node 0 is cheapest and makes room with the free half beside it, but
+    # d1 would then grow past its fair share; a training run of b's on node 1 does not grow d1.
+    c = Cluster().pool("h100", nodes=2, gpus=2)
+    c.department("d1", deserved=2).department("d2", deserved=2)
+    c.project("a", department="d1", deserved=1).project("b", department="d1", deserved=1)
+    c.project("c", department="d2", deserved=2)
+    c.running("c0", "c", "h100-0", [1], gpus=1)
+    c.running("b1", "b", "h100-1", [0], gpus=1).running("b2", "b", "h100-1", [1], gpus=1)
+    run = Run(c.snapshot())
+    run.submit(c, "nb", "b", gpu=0.5, priority="interactive").settle()
+    run.submit(c, "c1", "c", gpus=2)  # d2 wants more too, so d1's fair share is its deserved 2
+    run.submit(c, "a0", "a", gpus=1).settle()
+    assert "a0" in run.running()
+    assert run.evicted() == ["b2"]
+
+
 def test_department_over_its_fair_share_gives_back_to_the_other_department() -> None:
     c = Cluster().pool("h100", nodes=1, gpus=8)
     c.department("d1", deserved=4).department("d2", deserved=4)
@@ -113,10 +162,7 @@ def test_nothing_is_evicted_when_no_node_fits_even_after_evicting_every_candidat
 
 def test_reclaim_from_a_sibling_inside_a_full_department() -> None:
     # d1 is at its share, so a may not grow it at d2's expense, but b borrowed a's share inside d1.
-    c = Cluster().pool("h100", nodes=2, gpus=4)
-    c.department("d1", deserved=4).department("d2", deserved=4)
-    c.project("a", department="d1", deserved=2).project("b", department="d1", deserved=2)
-    c.project("c", department="d2", deserved=4)
+    c = two_departments(Cluster().pool("h100", nodes=2, gpus=4))
     run = Run(c.snapshot())
     for i in range(4):
         run.submit(c, f"b{i}", "b", gpus=1).settle()

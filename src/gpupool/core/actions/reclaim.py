@@ -6,7 +6,8 @@ reclaimer above its fair share.
 
 A project taking back its deserved quota (it stays within it) goes further, because `deserved` is a
 guarantee:
-- minimum runtimes shield borrowed GPUs from other borrowers, not from the project they are owed to;
+- minimum runtimes shield borrowed GPUs from other borrowers, not from the project they are owed to, which
+  takes young workloads only when older ones will not do;
 - when nothing else will do, it may take a borrower's straddling workload, one that runs partly within
   the borrower's deserved quota and partly above it, as Run:ai does. Otherwise a borrower whose only work
   above its quota is one big gang would keep an owed project waiting until the gang ends. The borrower
@@ -51,13 +52,16 @@ def reclaim(session: Session) -> None:
         if key in failed:
             continue
         attempts += 1
-        by_quota = {p: _within(session, chain, p, nominal, deserved) for p in entitled}
-        victim_queues, eligible, valid = _rules(session, ws, by_quota, nominal)
+        # Within its own deserved quota; its departments are checked against each victim (`_rules`).
+        by_quota = {p: _within(session, chain[:1], p, nominal, deserved) for p in entitled}
         message = f"reclaimed for {ws.w.id} of project {ws.w.project}, which is below its fair share"
-        evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
-        if evicted is None and any(by_quota.values()):
-            owed: dict[int, bool] = {p: True for p, ok in by_quota.items() if ok}
-            victim_queues, eligible, valid = _rules(session, ws, owed, nominal, straddle=True)
+        evicted: int | None = None
+        owed: dict[int, bool] = {p: True for p, ok in by_quota.items() if ok}
+        # The usual rules first; a project owed GPUs then relaxes them one step at a time.
+        for pools, young, straddle in ((by_quota, False, False), (owed, True, False), (owed, True, True)):
+            if evicted is not None or not pools:
+                continue
+            victim_queues, eligible, valid = _rules(session, ws, pools, nominal, young, straddle)
             evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
         if evicted is None:
             failed.add(key)
@@ -81,14 +85,15 @@ def _within(session: Session, chain: tuple[int, ...], p: int, nominal: int, boun
 
 
 def _rules(
-    session: Session, ws: WorkloadState, by_quota: dict[int, bool], nominal: int, straddle: bool = False
+    session: Session, ws: WorkloadState, by_quota: dict[int, bool], nominal: int, young: bool, straddle: bool
 ) -> tuple[list[int], Callable[[WorkloadState], bool], Callable[[], bool]]:
     """Victim queues, the victim test and the final check of one reclaim attempt.
 
     Victims: preemptible work of other projects, in pools where the reclaimer is entitled. Every queue
     that loses work (up to the common ancestor) stays at or above its deserved quota and was above its
     fair share, unless the reclaimer is within its own deserved quota (quota reclaim). The reclaimer and
-    its ancestors end no higher than their fair share. With `straddle` (quota reclaim only), a victim
+    its ancestors end no higher than their fair share. With `young` (quota reclaim only), victims inside
+    their minimum runtime are eligible too. With `straddle` (quota reclaim only), a victim
     may be larger than what its queues hold above their deserved quotas, as long as they hold something
     above it: each victim queue then loses at most one workload that takes it below.
     """
@@ -99,34 +104,43 @@ def _rules(
     cache: dict[tuple[int, int], int] = {}
     seen = [state.generation]
 
+    # A department of the reclaimer that would grow (the victim is outside it) must have room under its fair
+    # share, and for a quota reclaim under its deserved quota too: taking from a sibling inside it is fine
+    # even when it has none.
+    room = {(q, p): state.used[q][p] + nominal <= session.fair[q][p] for q in chain[1:] for p in by_quota}
+    quota_room = {(q, p): state.used[q][p] + nominal <= session.deserved[q][p] for q in chain[1:] for p in by_quota}
+
+    def quota_reclaim(queue: int, p: int) -> bool:
+        """Whether taking from `queue` keeps the reclaimer, and each department of it that grows, within
+        their deserved quotas."""
+        theirs = tree.chain[queue]
+        return by_quota[p] and all(quota_room[(q, p)] for q in chain[1:] if q not in theirs)
+
     def headroom(queue: int, p: int) -> int:
         """How much GPU this queue may lose in pool p (negative: none)."""
         if seen[0] != state.generation:
             cache.clear()
             seen[0] = state.generation
         key = (queue, p)
-        room = cache.get(key)
-        if room is None:
-            room = 1 << 62
+        spare = cache.get(key)
+        if spare is None:
+            spare = 1 << 62
+            owed = quota_reclaim(queue, p)
             for q in tree.chain[queue]:
                 if q in shared:
                     continue
                 used = state.used[q][p]
-                if not (used > session.fair[q][p] or by_quota[p]):
-                    room = -1
+                if not (used > session.fair[q][p] or owed):
+                    spare = -1
                     break
-                room = min(room, used - session.deserved[q][p])
-            cache[key] = room
-        return room
+                spare = min(spare, used - session.deserved[q][p])
+            cache[key] = spare
+        return spare
 
     victim_queues = [
         q for q in range(len(tree.queues))
         if q != ws.queue and not tree.children[q] and any(headroom(q, p) > 0 for p in by_quota)
     ]
-
-    # A department of the reclaimer that would grow (the victim is outside it) must have room under its fair
-    # share: taking from a sibling inside it is fine even when it has none.
-    room = {(q, p): state.used[q][p] + nominal <= session.fair[q][p] for q in chain[1:] for p in by_quota}
 
     def eligible(v: WorkloadState) -> bool:
         p = v.pool_idx
@@ -135,9 +149,10 @@ def _rules(
         theirs = tree.chain[v.queue]
         if any(not room[(q, p)] for q in chain[1:] if q not in theirs):
             return False
+        if (young or straddle) and not quota_reclaim(v.queue, p):
+            return False
         spare = headroom(v.queue, p)
-        # A minimum runtime shields borrowed GPUs from other borrowers, not from the project they are owed to.
-        return (spare > 0 if straddle else v.milli <= spare) and (by_quota[p] or past_min_runtime(v, state.now))
+        return (spare > 0 if straddle else v.milli <= spare) and (young or past_min_runtime(v, state.now))
 
     def valid() -> bool:
         p = ws.pool_idx

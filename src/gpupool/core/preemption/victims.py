@@ -16,7 +16,7 @@ import numpy as np
 
 from gpupool.core import quota
 from gpupool.core.decision import Eviction, EvictReason
-from gpupool.core.model import MILLI, Placement, Request, State
+from gpupool.core.model import MILLI, DeviceShare, Placement, Request, State
 from gpupool.core.placement.index import IntArray
 from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkingState, WorkloadState
@@ -57,13 +57,18 @@ def place_with_evictions(
             continue
         checkpoint = state.checkpoint()
         evicted_before = len(state.evictions)
-        search = Search(rows, np.intersect1d(rows, hosts, assume_unique=True), eligible, reason, message)
+
+        def accepted() -> bool:
+            return quota.check(state, ws.queue, ws.pool_idx, 0, ws.w.preemptible) is None and valid()
+
+        hosting = np.intersect1d(rows, hosts, assume_unique=True)
+        search = Search(rows, hosting, eligible, reason, message, accepted if ws.w.gang_size == 1 else None)
         placements = _place_members(session, ws, search)
         if placements is not None:
             state.place(ws, placements, pipelined=True)
             evicted = len(state.evictions) - evicted_before
             # No evictions means allocate could have placed it and chose not to (strict FIFO, say): not ours.
-            if evicted and quota.check(state, ws.queue, ws.pool_idx, 0, ws.w.preemptible) is None and valid():
+            if evicted and accepted():
                 return evicted
         state.rollback(checkpoint)
     return None
@@ -78,6 +83,9 @@ class Search:
     eligible: Eligible
     reason: EvictReason
     message: str
+    accept: Callable[[], bool] | None = None
+    """For a single member: the caller's final check, asked with the member in place, so that a victim set
+    it would refuse (a department growing past its share, say) gives way to the next cheapest."""
 
 
 def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple[Placement, ...] | None:
@@ -140,10 +148,23 @@ def _evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: 
                 break  # an earlier victim (its project's floor, a gang already taken) rules this one out now
             state.evict(v, Eviction(v.w.id, search.reason, search.message, preemptor=ws.w.id))
         else:
-            if _fits(session, node, req, models) is not None:
+            found = _fits(session, node, req, models)
+            if found is not None and (search.accept is None or _accepts(session, ws, node, found[0], search.accept)):
                 return node
         state.rollback(checkpoint)
     return None
+
+
+def _accepts(
+    session: Session, ws: WorkloadState, node: NodeState, shares: tuple[DeviceShare, ...], accept: Callable[[], bool]
+) -> bool:
+    state = session.state
+    checkpoint = state.checkpoint()
+    state.place(ws, (Placement(0, node.name, shares),), pipelined=True)
+    try:
+        return accept()
+    finally:
+        state.rollback(checkpoint)
 
 
 def _plain_fit(
