@@ -1,9 +1,10 @@
 """An organisation over time: a discrete-event simulation on a simulated clock, the core deciding.
 
 Events are arrivals, completions, notebook users coming and going, and a scheduling tick every `interval`
-seconds. At a tick where anything changed (or every fifth tick while work waits) the simulator builds a
-snapshot and applies what `schedule()` decides: binds start work, evictions stop it at once (the grace
-period is not simulated) and requeue it, having lost the progress since its last checkpoint.
+seconds. At a tick where anything changed, or where a project waits for GPUs it is owed (else every fifth
+tick while work waits), the simulator builds a snapshot and applies what `schedule()` decides: binds start
+work, evictions stop it at once (the grace period is not simulated) and requeue it, having lost the progress
+since its last checkpoint.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ class OrgSim:
         self.now = 0.0
         self.totals = Totals()
         self.dirty = False
+        self.owing = False
+        """Some project below its deserved quota has work waiting that fits in it."""
         for j in org.jobs:
             self._push(j.submit, "arrive", j.id)
             if j.kind == "notebook":
@@ -137,7 +140,8 @@ class OrgSim:
             self._advance(min(next_tick, self.horizon))
             tick += 1
             self._idle_check()
-            if self.dirty or (self.pending and tick % 5 == 0):
+            # Like the live loop, which runs every 2 s: every tick while a project waits for GPUs it is owed.
+            if self.dirty or self.owing or (self.pending and tick % 5 == 0):
                 self._schedule()
             if progress is not None and tick % 60 == 0:
                 progress(self.now)
@@ -238,6 +242,7 @@ class OrgSim:
     def _owed(self, dt: float) -> None:
         """Charge waiting time to the jobs a project below its deserved quota is owed GPUs for: its waiting
         jobs in queue order (priority, then age) as long as they fit in what it is owed."""
+        self.owing = False
         if not self.regime.shared:
             return
         room: dict[str, int] = {p: g * MILLI for p, g in self.org.deserved_gpus.items()}
@@ -248,6 +253,7 @@ class OrgSim:
             p, need = rec.job.project, self._milli(rec.job)
             if need <= room[p]:
                 room[p] -= need
+                self.owing = True
                 if rec.owed_since is None:
                     rec.owed_since = self.now
                 rec.owed_wait = max(rec.owed_wait, self.now + dt - rec.owed_since)
