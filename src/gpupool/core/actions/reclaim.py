@@ -57,11 +57,15 @@ def reclaim(session: Session) -> None:
         message = f"reclaimed for {ws.w.id} of project {ws.w.project}, which is below its fair share"
         evicted: int | None = None
         owed: dict[int, bool] = {p: True for p, ok in by_quota.items() if ok}
-        # The usual rules first; a project owed GPUs then relaxes them one step at a time.
+        # The usual rules first; a project owed GPUs then relaxes them one step at a time, where an earlier
+        # step turned a victim away for just that reason (else the step could find nothing new).
+        held: set[str] = set()
         for pools, young, straddle in ((by_quota, False, False), (owed, True, False), (owed, True, True)):
-            if evicted is not None or not pools:
+            if evicted is not None or not pools or (young and "young" not in held and not straddle):
                 continue
-            victim_queues, eligible, valid = _rules(session, ws, pools, nominal, young, straddle)
+            if straddle and "straddle" not in held:
+                continue
+            victim_queues, eligible, valid = _rules(session, ws, pools, nominal, young, straddle, held)
             evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
         if evicted is None:
             failed.add(key)
@@ -85,7 +89,13 @@ def _within(session: Session, chain: tuple[int, ...], p: int, nominal: int, boun
 
 
 def _rules(
-    session: Session, ws: WorkloadState, by_quota: dict[int, bool], nominal: int, young: bool, straddle: bool
+    session: Session,
+    ws: WorkloadState,
+    by_quota: dict[int, bool],
+    nominal: int,
+    young: bool,
+    straddle: bool,
+    held: set[str],
 ) -> tuple[list[int], Callable[[WorkloadState], bool], Callable[[], bool]]:
     """Victim queues, the victim test and the final check of one reclaim attempt.
 
@@ -95,7 +105,8 @@ def _rules(
     its ancestors end no higher than their fair share. With `young` (quota reclaim only), victims inside
     their minimum runtime are eligible too. With `straddle` (quota reclaim only), a victim
     may be larger than what its queues hold above their deserved quotas, as long as they hold something
-    above it: each victim queue then loses at most one workload that takes it below.
+    above it: each victim queue then loses at most one workload that takes it below. `held` collects
+    why a victim a quota reclaim could take was turned away ("young", "straddle").
     """
     state, tree = session.state, session.state.tree
     chain = tree.chain[ws.queue]
@@ -149,10 +160,18 @@ def _rules(
         theirs = tree.chain[v.queue]
         if any(not room[(q, p)] for q in chain[1:] if q not in theirs):
             return False
-        if (young or straddle) and not quota_reclaim(v.queue, p):
+        owed = quota_reclaim(v.queue, p)
+        if (young or straddle) and not owed:
             return False
         spare = headroom(v.queue, p)
-        return (spare > 0 if straddle else v.milli <= spare) and (young or past_min_runtime(v, state.now))
+        fits = spare > 0 if straddle else v.milli <= spare
+        grown = young or past_min_runtime(v, state.now)
+        if owed and spare > 0:  # note what a relaxed step could take that this one may not
+            if fits and not grown:
+                held.add("young")
+            elif not fits:
+                held.add("straddle")
+        return fits and grown
 
     def valid() -> bool:
         p = ws.pool_idx
