@@ -6,6 +6,7 @@ reclaimer above its fair share.
 
 A project taking back its deserved quota (it stays within it) goes further, because `deserved` is a
 guarantee:
+- a department of it over its own quota is no bar when the GPUs come back from a sibling inside it;
 - minimum runtimes shield borrowed GPUs from other borrowers, not from the project they are owed to, which
   takes young workloads only when older ones will not do;
 - when nothing else will do, it may take a borrower's straddling workload, one that runs partly within
@@ -61,9 +62,9 @@ def reclaim(session: Session) -> None:
         # step turned a victim away for just that reason (else the step could find nothing new).
         held: set[str] = set()
         for pools, young, straddle in ((by_quota, False, False), (owed, True, False), (owed, True, True)):
-            if evicted is not None or not pools or (young and "young" not in held and not straddle):
+            if evicted is not None or not pools:
                 continue
-            if straddle and "straddle" not in held:
+            if ("straddle" not in held) if straddle else (young and "young" not in held):
                 continue
             victim_queues, eligible, valid = _rules(session, ws, pools, nominal, young, straddle, held)
             evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
