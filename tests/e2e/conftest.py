@@ -125,21 +125,35 @@ def db_url(request: pytest.FixtureRequest) -> str | None:
     return pg.new_database()
 
 
-@pytest.fixture
-def make_server(tmp_path: Path, db_url: str | None) -> Iterator[Callable[..., Server]]:
-    servers: list[Server] = []
+class Servers:
+    """The servers one test starts, each in its own folder; `close` kills them and what they started."""
 
-    def make(gpus: str = "fake:4xH100-80GB", *args: str) -> Server:
-        root = tmp_path / f"server{len(servers)}"
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[Server] = []
+
+    def start(self, db_url: str | None, gpus: str, args: tuple[str, ...]) -> Server:
+        root = self.tmp_path / f"server{len(self.started)}"
         root.mkdir()
         s = Server(root, db_url, gpus, args)
-        servers.append(s)
+        self.started.append(s)
         return s.start()
 
+    def close(self) -> None:
+        for s in self.started:
+            s.kill()
+            s.stop_workloads()
+
+
+@pytest.fixture
+def make_server(tmp_path: Path, db_url: str | None) -> Iterator[Callable[..., Server]]:
+    servers = Servers(tmp_path)
+
+    def make(gpus: str = "fake:4xH100-80GB", *args: str) -> Server:
+        return servers.start(db_url, gpus, args)
+
     yield make
-    for s in servers:
-        s.kill()
-        s.stop_workloads()
+    servers.close()
 
 
 @pytest.fixture

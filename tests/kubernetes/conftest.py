@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, Servers
 from tests.kubernetes.cluster import Cluster, binaries
 
 
@@ -26,18 +26,12 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def kube_server(tmp_path: Path, cluster: Cluster) -> Iterator[Callable[..., Server]]:
-    servers: list[Server] = []
+    servers = Servers(tmp_path)
 
     def make(*args: str) -> Server:
-        root = tmp_path / f"server{len(servers)}"
-        root.mkdir()
-        s = Server(
-            root, None, "fake:1xH100-80GB", ("--backend", "kubernetes", "--kubeconfig", str(cluster.kubeconfig), *args)
-        )
-        servers.append(s)
-        return s.start()
+        backend = ("--backend", "kubernetes", "--kubeconfig", str(cluster.kubeconfig))
+        return servers.start(None, "fake:1xH100-80GB", (*backend, *args))
 
     yield make
-    for s in servers:
-        s.kill()
+    servers.close()
     cluster.reset()
