@@ -181,18 +181,30 @@ def past_min_runtime(w: Workload, now: float) -> bool:
     return now - started >= w.min_runtime_s
 
 
+def guaranteed(before: Snapshot, used_before: Usage, queue: str, pool: str, cap: bool = True) -> int:
+    """What `queue` uses in `pool` within deserved quotas: each project counted up to its own deserved
+    quota, each department below `queue` up to its own."""
+    kids = [q.name for q in before.queues if q.parent == queue]
+    total = sum(guaranteed(before, used_before, k, pool) for k in kids) if kids else used_before[queue, pool]
+    deserved = next(q for q in before.queues if q.name == queue).quota(pool).deserved
+    return min(total, deserved) if cap or not kids else total
+
+
 def owed(before: Snapshot, used_before: Usage, pre: Workload, victim: Workload) -> bool:
     """Whether `pre` reclaims within its deserved quota, and within its departments' where they grow (which
-    a minimum runtime does not delay)."""
+    a minimum runtime does not delay). A department's room counts what its projects use up to their own
+    deserved quotas: what siblings borrow beyond theirs does not void a project's guarantee."""
     pool = pool_of(before, victim.placements)
     if pool is None or pre.project == victim.project:
         return False
     queues = {q.name: q for q in before.queues}
     need = pre.request.nominal_milli() * pre.gang_size
     theirs = set(chain(before.queues, victim.project))
+    if used_before[pre.project, pool] + need > queues[pre.project].quota(pool).deserved:
+        return False
     return all(
-        used_before[q, pool] + need <= queues[q].quota(pool).deserved
-        for q in chain(before.queues, pre.project)
+        guaranteed(before, used_before, q, pool, cap=False) + need <= queues[q].quota(pool).deserved
+        for q in chain(before.queues, pre.project)[1:]
         if q not in theirs
     )
 

@@ -202,3 +202,36 @@ def test_a_project_above_its_deserved_quota_never_takes_a_straddling_workload() 
     run.submit(c, "b-big", "b", gpus=8).settle()
     run.submit(c, "a-wide", "a", gpus=3).settle()  # more than a is owed: fair-share reclaim only
     assert run.evicted() == [] and "a-wide" in run.pending()
+
+
+def test_an_owed_project_takes_a_young_sibling_workload_and_an_older_one_from_another_department_together() -> None:
+    # a is owed 4 GPUs on one node. Node 0 has 2 free, a young workload of its sibling b (which borrowed
+    # inside d1) and an old one of c, far above its fair share; c's other work is not preemptible.
+    c = Cluster().pool("h100", nodes=3, gpus=4)
+    c.department("d1", deserved=4).department("d2", deserved=4)
+    c.project("a", department="d1", deserved=4).project("b", department="d1", deserved=0)
+    c.project("c", department="d2", deserved=4)
+    c.running("b-young", "b", "h100-0", [0], gpus=1, min_runtime=600)
+    c.running("c-old", "c", "h100-0", [1], gpus=1)
+    for n in (1, 2):
+        c.running(f"serve{n}", "c", f"h100-{n}", [0, 1, 2, 3], gpus=4, priority="production")
+    run = Run(c.snapshot())
+    run.submit(c, "a0", "a", gpus=4).settle()
+    assert "a0" in run.running()  # neither rule alone frees the node: the young one is owed, the old one fair
+    assert sorted(run.evicted()) == ["b-young", "c-old"]
+
+
+def test_what_a_sibling_borrows_does_not_void_a_projects_guarantee() -> None:
+    # d1 uses 3 of its 4 because b borrows 1 beyond its own 2, so a (owed 2) would take d1 to 5. b's extra
+    # GPU and a young workload of c (above its deserved in the other department) free node 1 for a.
+    c = two_departments(Cluster().pool("h100", nodes=2, gpus=4))
+    for i in range(3):
+        c.running(f"b{i}", "b", "h100-1", [i], gpus=1)
+    c.running("c-young", "c", "h100-1", [3], gpus=1, min_runtime=600)
+    for i in range(4):
+        c.running(f"c{i}", "c", "h100-0", [i], gpus=1, min_runtime=600)
+    run = Run(c.snapshot())
+    run.submit(c, "a0", "a", gpus=2).settle()
+    assert "a0" in run.running()
+    assert sorted(run.evicted()) == ["b2", "c-young"]
+    assert run.used_gpus("b") == 2 and run.used_gpus("c") == 4

@@ -6,14 +6,17 @@ reclaimer above its fair share.
 
 A project taking back its deserved quota (it stays within it) goes further, because `deserved` is a
 guarantee:
-- a department of it over its own quota is no bar when the GPUs come back from a sibling inside it;
+- a department of it over its own quota is no bar when the GPUs come back from a sibling inside it, and
+  what siblings borrow beyond their own quotas does not count against the department's room;
 - minimum runtimes shield borrowed GPUs from other borrowers, not from the project they are owed to, which
   takes young workloads only when older ones will not do;
 - when nothing else will do, it may take a borrower's straddling workload, one that runs partly within
   the borrower's deserved quota and partly above it, as Run:ai does. Otherwise a borrower whose only work
   above its quota is one big gang would keep an owed project waiting until the gang ends. The borrower
   then stands below its deserved quota by less than that one workload and may use its guarantee again at
-  once; it cannot take the GPUs back, since the owed project is within its own deserved quota.
+  once; it cannot take the GPUs back, since the owed project is within its own deserved quota;
+- a department of it may end above its fair share when only its siblings' borrowing puts it there.
+Each relaxation is a step tried only where the step before turned a victim away for that reason.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from gpupool.core.ordering import FairOrder
 from gpupool.core.preemption.victims import past_min_runtime, place_with_evictions
 from gpupool.core.session import Session
 from gpupool.core.state import WorkloadState
+
+STEPS: tuple[tuple[str, ...], ...] = ((), ("young",), ("young", "straddle"), ("young", "straddle", "sibling"))
+"""The usual rules, then the relaxations a quota reclaim adds one at a time."""
 
 RETRYABLE = (PendingCode.NO_NODE_FITS, PendingCode.GANG_UNPLACEABLE)
 """Reasons eviction can cure. Queued-behind (a strict-FIFO head waits) is not one: the head goes first."""
@@ -61,12 +67,11 @@ def reclaim(session: Session) -> None:
         # The usual rules first; a project owed GPUs then relaxes them one step at a time, where an earlier
         # step turned a victim away for just that reason (else the step could find nothing new).
         held: set[str] = set()
-        for pools, young, straddle in ((by_quota, False, False), (owed, True, False), (owed, True, True)):
-            if evicted is not None or not pools:
+        for relaxed in STEPS:
+            pools = owed if relaxed else by_quota
+            if evicted is not None or not pools or (relaxed and relaxed[-1] not in held):
                 continue
-            if ("straddle" not in held) if straddle else (young and "young" not in held):
-                continue
-            victim_queues, eligible, valid = _rules(session, ws, pools, nominal, young, straddle, held)
+            victim_queues, eligible, valid = _rules(session, ws, pools, nominal, frozenset(relaxed), held)
             evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
         if evicted is None:
             failed.add(key)
@@ -89,13 +94,21 @@ def _within(session: Session, chain: tuple[int, ...], p: int, nominal: int, boun
     return all(session.state.used[q][p] + nominal <= bound[q][p] for q in chain)
 
 
+def _guaranteed(session: Session, q: int, p: int, cap: bool = True) -> int:
+    """What queue q uses in pool p within deserved quotas: each project counts up to its own, each
+    department (when `cap`) up to its own."""
+    tree, state = session.state.tree, session.state
+    kids = tree.children[q]
+    total = sum(_guaranteed(session, k, p) for k in kids) if kids else state.used[q][p]
+    return min(total, session.deserved[q][p]) if cap or not kids else total
+
+
 def _rules(
     session: Session,
     ws: WorkloadState,
     by_quota: dict[int, bool],
     nominal: int,
-    young: bool,
-    straddle: bool,
+    relaxed: frozenset[str],
     held: set[str],
 ) -> tuple[list[int], Callable[[WorkloadState], bool], Callable[[], bool]]:
     """Victim queues, the victim test and the final check of one reclaim attempt.
@@ -103,12 +116,17 @@ def _rules(
     Victims: preemptible work of other projects, in pools where the reclaimer is entitled. Every queue
     that loses work (up to the common ancestor) stays at or above its deserved quota and was above its
     fair share, unless the reclaimer is within its own deserved quota (quota reclaim). The reclaimer and
-    its ancestors end no higher than their fair share. With `young` (quota reclaim only), victims inside
-    their minimum runtime are eligible too. With `straddle` (quota reclaim only), a victim
-    may be larger than what its queues hold above their deserved quotas, as long as they hold something
-    above it: each victim queue then loses at most one workload that takes it below. `held` collects
-    why a victim a quota reclaim could take was turned away ("young", "straddle").
+    its ancestors end no higher than their fair share. The `relaxed` rules apply to victims taken in a
+    quota reclaim; other victims stay eligible under the usual rules beside them:
+    - `young`: such victims inside their minimum runtime are eligible too;
+    - `straddle`: such a victim may be larger than what its queues hold above their deserved quotas, as
+      long as they hold something above it: each victim queue then loses at most one workload that takes
+      it below;
+    - `sibling`: a department of the reclaimer may end above its fair share where only what its other
+      projects borrow beyond their deserved quotas puts it there.
+    `held` collects why a victim or a victim set a quota reclaim could take was turned away.
     """
+    young, straddle, sibling = ("young" in relaxed), ("straddle" in relaxed), ("sibling" in relaxed)
     state, tree = session.state, session.state.tree
     chain = tree.chain[ws.queue]
     shared = set(chain)
@@ -118,9 +136,14 @@ def _rules(
 
     # A department of the reclaimer that would grow (the victim is outside it) must have room under its fair
     # share, and for a quota reclaim under its deserved quota too: taking from a sibling inside it is fine
-    # even when it has none.
+    # even when it has none. What siblings borrow above their own deserved quotas does not count against
+    # that room: a project's deserved quota is guaranteed whatever its siblings borrow, and once the
+    # department stands above its quota, their borrowed GPUs are the ones other departments may take back.
     room = {(q, p): state.used[q][p] + nominal <= session.fair[q][p] for q in chain[1:] for p in by_quota}
-    quota_room = {(q, p): state.used[q][p] + nominal <= session.deserved[q][p] for q in chain[1:] for p in by_quota}
+    quota_room = {
+        (q, p): _guaranteed(session, q, p, cap=False) + nominal <= session.deserved[q][p]
+        for q in chain[1:] for p in by_quota
+    }
 
     def quota_reclaim(queue: int, p: int) -> bool:
         """Whether taking from `queue` keeps the reclaimer, and each department of it that grows, within
@@ -159,14 +182,18 @@ def _rules(
         if v.queue == ws.queue or not v.w.preemptible or p not in by_quota or not v.milli:
             return False
         theirs = tree.chain[v.queue]
-        if any(not room[(q, p)] for q in chain[1:] if q not in theirs):
-            return False
         owed = quota_reclaim(v.queue, p)
-        if (young or straddle) and not owed:
-            return False
+        if any(not room[(q, p)] for q in chain[1:] if q not in theirs):
+            if not owed:
+                return False
+            if not sibling:  # judged on the outcome instead (`valid`), where siblings give back too
+                held.add("sibling")
+                return False
+        # The relaxations add victims the reclaimer is owed; the usual ones stay eligible beside them, since
+        # an owed set may need both (a sibling's young work and older work from another department).
         spare = headroom(v.queue, p)
-        fits = spare > 0 if straddle else v.milli <= spare
-        grown = young or past_min_runtime(v, state.now)
+        fits = spare > 0 if straddle and owed else v.milli <= spare
+        grown = (young and owed) or past_min_runtime(v, state.now)
         if owed and spare > 0:  # note what a relaxed step could take that this one may not
             if fits and not grown:
                 held.add("young")
@@ -175,11 +202,17 @@ def _rules(
         return fits and grown
 
     def valid() -> bool:
+        """No queue of the reclaimer grows past its fair share, except a department that a quota reclaim
+        leaves above it only through what its other projects borrow beyond their deserved quotas."""
         p = ws.pool_idx
         for i, q in enumerate(chain):
             now = state.used[q][p]
             if now > before[i][p] and now > session.fair[q][p]:
-                return False
+                if not (i and by_quota.get(p) and _guaranteed(session, q, p, cap=False) <= session.deserved[q][p]):
+                    return False
+                if not sibling:
+                    held.add("sibling")
+                    return False
         return True
 
     return victim_queues, eligible, valid
