@@ -235,3 +235,16 @@ def test_what_a_sibling_borrows_does_not_void_a_projects_guarantee() -> None:
     assert "a0" in run.running()
     assert sorted(run.evicted()) == ["b2", "c-young"]
     assert run.used_gpus("b") == 2 and run.used_gpus("c") == 4
+
+
+def test_a_second_reclaimer_is_nominated_on_what_the_first_ones_victim_releases_beyond_its_need() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=2).project("a", deserved=1).project("b", deserved=1)
+    c.submit("b0", "b", gpus=1).submit("b1", "b", gpus=1)
+    run = Run(c.snapshot()).settle()
+    run.submit(c, "a0", "a", gpu=0.5).submit(c, "a1", "a", gpu=0.5)
+    first = run.cycle()
+    assert len(first.evictions) == 1  # one whole GPU makes room for both halves
+    for wid in ("a0", "a1"):
+        assert run.reason(wid) == "waiting-for-evictions"
+    run.settle()
+    assert {"a0", "a1"} <= run.running() and len(run.evicted()) == 1

@@ -48,9 +48,7 @@ def place_with_evictions(
     work are searched.
     """
     state = session.state
-    hosts = session.hosts(victim_queues)
-    if not len(hosts):
-        return None
+    hosts = session.hosts(victim_queues)  # may be empty: capacity already releasing can still take it
     for group in session.placer.pools_of(ws):
         rows = session.placer.rows(group, lambda p: True)
         if rows is None:
@@ -67,8 +65,9 @@ def place_with_evictions(
         if placements is not None:
             state.place(ws, placements, pipelined=True)
             evicted = len(state.evictions) - evicted_before
-            # No evictions means allocate could have placed it and chose not to (strict FIFO, say): not ours.
-            if evicted and accepted():
+            # Without evictions of its own it fits in capacity that earlier evictions of this cycle release
+            # (allocate found no room before them): it is nominated there, as if it had evicted.
+            if accepted():
                 return evicted
         state.rollback(checkpoint)
     return None
