@@ -5,7 +5,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gpupool.cli.main import app
-from gpupool.core import MILLI
+from gpupool.core import MILLI, Decision, SchedulerConfig, Snapshot, State, schedule
+from gpupool.core.placement.memo import Memo
+from gpupool.sim import org
 from gpupool.sim.org import REGIMES, OrgSim
 from gpupool.sim.org_jobs import DAY, Organisation, build
 from gpupool.sim.org_report import metrics
@@ -80,3 +82,28 @@ def test_cli_writes_every_regime(tmp_path: Path) -> None:
 def test_cli_refuses_bad_sizes(tmp_path: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["simulate", "org", "--trace", str(PHILLY), "--out", str(tmp_path), *args])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_no_project_waits_longer_than_a_tick_for_gpus_it_is_owed(runs: dict[str, OrgSim]) -> None:
+    for name in ("quota", "gpupool"):
+        assert metrics(runs[name])["owed_waits_over_one_interval"] == 0, name
+
+
+def test_a_job_that_evictions_were_made_for_keeps_its_nomination(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the control plane does: the next decision sees the nodes made free for it, so it claims them first."""
+    organisation = build(load_philly(PHILLY), gpus=64, days=1, seed=3)
+    sim = OrgSim(organisation, REGIMES["gpupool"], 64, DAY)
+    nominated: dict[str, set[str]] = {}
+    carried: list[bool] = []
+
+    def watch(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None = None) -> Decision:
+        for w in snapshot.workloads:
+            if w.id in nominated and w.state is State.PENDING:
+                carried.append(set(w.nominated_nodes) == nominated.pop(w.id))
+        decision = schedule(snapshot, config, memo=memo)
+        nominated.update({p.workload: {x.node for x in p.nominated} for p in decision.pending if p.nominated})
+        return decision
+
+    monkeypatch.setattr(org, "schedule", watch)
+    sim.run()
+    assert carried and all(carried)

@@ -92,6 +92,8 @@ class Record:
     placements: tuple[Placement, ...] = ()
     token: int = 0
     suspended: bool = False
+    nominated: tuple[str, ...] = ()
+    """Nodes evictions were made for while it waits, as the control plane remembers them."""
 
 
 @dataclass
@@ -105,6 +107,9 @@ class Totals:
 
 
 class OrgSim:
+    rounds = 3
+    """Decisions per tick at most, while the last one evicted."""
+
     def __init__(self, org: Organisation, regime: Regime, gpus: int, horizon: float, interval: float = 60.0) -> None:
         self.org, self.regime, self.gpus, self.horizon, self.interval = org, regime, gpus, horizon, interval
         self.nodes, self.queues = _cluster(org, regime, gpus)
@@ -169,7 +174,7 @@ class OrgSim:
             self.dirty = True
 
     def _schedule(self) -> None:
-        for _ in range(3):  # evictions release at once, so their preemptors can start in the same tick
+        for _ in range(self.rounds):  # evictions release at once, so their preemptors can start in the same tick
             workloads = [self._workload(r) for r in (*self.running.values(), *self.pending.values())]
             decision = schedule(
                 Snapshot(self.nodes, self.queues, tuple(workloads), self.now), self.config, memo=self.memo
@@ -186,6 +191,9 @@ class OrgSim:
             for b in decision.binds:
                 rec = self.pending.pop(b.workload)
                 self._start(rec, b.placements)
+            for p in decision.pending:
+                if p.workload in self.pending:
+                    self.pending[p.workload].nominated = tuple(sorted({x.node for x in p.nominated}))
             self.dirty = False
             if not decision.evictions:
                 break
@@ -193,7 +201,7 @@ class OrgSim:
     # -- state changes -----------------------------------------------------------------------------
 
     def _start(self, rec: Record, placements: tuple[Placement, ...]) -> None:
-        rec.placements, rec.started, rec.owed_since = placements, self.now, None
+        rec.placements, rec.started, rec.owed_since, rec.nominated = placements, self.now, None, ()
         if rec.first_start is None:
             rec.first_start = self.now
         rec.token += 1
@@ -204,7 +212,7 @@ class OrgSim:
     def _stop(self, rec: Record) -> None:
         self.running.pop(rec.job.id, None)
         rec.token += 1
-        rec.placements = ()
+        rec.placements, rec.nominated = (), ()
 
     def _idle_check(self) -> None:
         timeout = self.regime.idle_timeout_s
@@ -291,6 +299,7 @@ class OrgSim:
             state=State.RUNNING if running else State.PENDING,
             placements=rec.placements if running else (),
             start_time=rec.started if running else None,
+            nominated_nodes=() if running else rec.nominated,
         )
 
     def _push(self, t: float, kind: str, jid: str, token: int = 0) -> None:
