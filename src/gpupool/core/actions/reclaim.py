@@ -15,8 +15,10 @@ guarantee:
   above its quota is one big gang would keep an owed project waiting until the gang ends. The borrower
   then stands below its deserved quota by less than that one workload and may use its guarantee again at
   once; it cannot take the GPUs back, since the owed project is within its own deserved quota;
-- a department of it may end above its fair share when only its siblings' borrowing puts it there.
-Each relaxation is a step tried only where the step before turned a victim away for that reason.
+- a department of it may end above its fair share when only its siblings' borrowing puts it there;
+- when no victim set empties a node for it, work that may not be reclaimed is moved off one (`moves`).
+Each relaxation is a step tried only where the step before turned a victim away for that reason; moves
+come last.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from gpupool.core import explain
 from gpupool.core.decision import EvictReason, PendingCode
 from gpupool.core.ordering import FairOrder
+from gpupool.core.preemption.moves import place_with_moves
 from gpupool.core.preemption.victims import past_min_runtime, place_with_evictions
 from gpupool.core.session import Session
 from gpupool.core.state import WorkloadState
@@ -73,6 +76,9 @@ def reclaim(session: Session) -> None:
                 continue
             victim_queues, eligible, valid = _rules(session, ws, pools, nominal, frozenset(relaxed), held)
             evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
+        if evicted is None and owed:
+            victim_queues, eligible, valid = _rules(session, ws, owed, nominal, frozenset(STEPS[-1]), held)
+            evicted = place_with_moves(session, ws, victim_queues, eligible, valid, message, owed.__contains__)
         if evicted is None:
             failed.add(key)
             continue

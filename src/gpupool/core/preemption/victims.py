@@ -85,6 +85,8 @@ class Search:
     accept: Callable[[], bool] | None = None
     """For a single member: the caller's final check, asked with the member in place, so that a victim set
     it would refuse (a department growing past its share, say) gives way to the next cheapest."""
+    preemptor: str | None = None
+    """Whom the evictions are for, when not the workload being placed (one moved to make room for it)."""
 
 
 def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple[Placement, ...] | None:
@@ -95,10 +97,10 @@ def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple
     for member in range(ws.w.gang_size):
         node = _plain_fit(session, search.rows, req, models, used_nodes, distinct=ws.w.gang_size == 1)
         if node is None:
-            node = _evict_for(session, ws, search, used_nodes)
+            node = evict_for(session, ws, search, used_nodes)
         if node is None:
             return None
-        found = _fits(session, node, req, models)
+        found = fits_on(session, node, req, models)
         assert found is not None
         p = Placement(member, node.name, found[0])
         state.hold(ws, p)
@@ -109,7 +111,7 @@ def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple
     return tuple(placements)
 
 
-def _evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: set[int]) -> NodeState | None:
+def evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: set[int]) -> NodeState | None:
     """Evict the cheapest victim set that makes room for one member, on the node where it is cheapest."""
     state = session.state
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
@@ -145,9 +147,9 @@ def _evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: 
         for v in chosen:
             if v.state is not State.RUNNING or not eligible(v):
                 break  # an earlier victim (its project's floor, a gang already taken) rules this one out now
-            state.evict(v, Eviction(v.w.id, search.reason, search.message, preemptor=ws.w.id))
+            state.evict(v, Eviction(v.w.id, search.reason, search.message, preemptor=search.preemptor or ws.w.id))
         else:
-            found = _fits(session, node, req, models)
+            found = fits_on(session, node, req, models)
             if found is not None and (search.accept is None or _accepts(session, ws, node, found[0], search.accept)):
                 return node
         state.rollback(checkpoint)
@@ -182,7 +184,7 @@ def _plain_fit(
     return best
 
 
-def _fits(session: Session, node: NodeState, req: Request, models: frozenset[str]) -> tuple[tuple, float] | None:  # type: ignore[type-arg]
+def fits_on(session: Session, node: NodeState, req: Request, models: frozenset[str]) -> tuple[tuple, float] | None:  # type: ignore[type-arg]
     if not node.could_host(req, True):
         return None
     return session.placer.policy.evaluate(node, req, True, models)

@@ -1,0 +1,182 @@
+"""Reclaim with moves: the last resort of a project taking back its deserved quota.
+
+A workload owed GPUs may need a node that no set of victims can empty: every node also runs something that
+may not be reclaimed (work of a project within its deserved quota, its own project's work). A workload
+that needs a whole 8-GPU node would then wait until such work ends, however long that is. Here the
+blocking work is moved instead: evicted and nominated at once for room elsewhere in its pool, room that is
+free, being released, or freed by evicting one more victim the reclaimer may take. A moved workload
+restarts, as under consolidation, but keeps its share: its project's usage does not change.
+
+Bounds: only single workloads (not gangs) are placed this way, at most `MAX_MOVES` workloads move for one,
+each of them a single preemptible workload past its minimum runtime; the nodes looked at are the same
+bounded window as the victim search.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from gpupool.core import quota
+from gpupool.core.decision import Eviction, EvictReason
+from gpupool.core.model import Placement, State
+from gpupool.core.preemption.victims import (
+    Eligible,
+    Search,
+    evict_for,
+    fits_on,
+    past_min_runtime,
+    victim_key,
+    victims_on,
+)
+from gpupool.core.session import Session
+from gpupool.core.state import NodeState, WorkloadState
+
+MAX_MOVES = 2
+"""Most workloads moved to make room for one."""
+
+Option = tuple[tuple[int, int, int, int, int], NodeState, list[WorkloadState], list[WorkloadState]]
+
+
+def place_with_moves(
+    session: Session,
+    ws: WorkloadState,
+    victim_queues: Iterable[int],
+    eligible: Eligible,
+    valid: Callable[[], bool],
+    message: str,
+    in_pool: Callable[[int], bool],
+) -> int | None:
+    """Evict victims and move blockers so that `ws` starts on one node of a pool `in_pool` allows;
+    returns how many were evicted."""
+    state = session.state
+    if ws.w.gang_size != 1:
+        return None
+    hosts = session.hosts(victim_queues)
+
+    def accepted() -> bool:
+        return quota.check(state, ws.queue, ws.pool_idx, 0, ws.w.preemptible) is None and valid()
+
+    for group in session.placer.pools_of(ws):
+        rows = session.placer.rows(group, in_pool)
+        if rows is None:
+            continue
+        for _, node, chosen, moved in _options(session, ws, rows, eligible):
+            checkpoint = state.checkpoint()
+            before = len(state.evictions)
+            if _carry_out(session, ws, node, chosen, moved, rows, hosts, eligible, message) and accepted():
+                return len(state.evictions) - before
+            state.rollback(checkpoint)
+    return None
+
+
+def _movable(v: WorkloadState, now: float) -> bool:
+    return (
+        v.state is State.RUNNING and not v.bound and v.w.preemptible and v.w.gang_size == 1
+        and past_min_runtime(v, now)
+    )  # fmt: skip
+
+
+def _options(session: Session, ws: WorkloadState, rows: np.ndarray, eligible: Eligible) -> list[Option]:
+    """Nodes where victims plus at most MAX_MOVES moved workloads make room: fewest and smallest moves first."""
+    state, config = session.state, session.config
+    req, models = ws.w.request, frozenset(ws.w.gpu_models)
+    need = req.nominal_milli()
+    candidates = rows.tolist()
+    if len(candidates) > config.victim_visit_nodes:
+        start = (zlib.crc32(ws.w.id.encode()) + int(state.now)) % len(candidates)
+        candidates = (candidates[start:] + candidates[:start])[: config.victim_visit_nodes]
+    options: list[Option] = []
+    for i in candidates:
+        node = state.nodes[i]
+        if not node.schedulable:
+            continue
+        residents = [state.workloads[j] for j in node.ranked_residents(lambda j: victim_key(state.workloads[j]))]
+        victims = [v for v in residents if v.state is State.RUNNING and not v.bound and eligible(v)]
+        taken = {v.idx for v in victims}
+        movers = sorted(
+            (v for v in residents if v.idx not in taken and _movable(v, state.now)),
+            key=lambda v: (v.milli, victim_key(v)),
+        )
+        if not movers:
+            continue
+        chosen = victims_on(node, victims + movers, req, models)
+        if chosen is None:
+            continue
+        moved = [v for v in chosen if v.idx not in taken]
+        if not moved or len(moved) > MAX_MOVES or sum(v.milli for v in moved) >= need:
+            continue  # moving as much as it needs elsewhere is no easier than placing it there
+        key = (len(moved), sum(v.milli for v in moved), max(v.w.priority for v in chosen), len(chosen), node.idx)
+        options.append((key, node, chosen, moved))
+        if len(options) >= config.victim_search_nodes:
+            break
+    options.sort(key=lambda o: o[0])
+    return options
+
+
+def _carry_out(
+    session: Session,
+    ws: WorkloadState,
+    node: NodeState,
+    chosen: list[WorkloadState],
+    moved: list[WorkloadState],
+    rows: np.ndarray,
+    hosts: np.ndarray,
+    eligible: Eligible,
+    message: str,
+) -> bool:
+    state = session.state
+    moving = {v.idx for v in moved}
+    for v in chosen:
+        if v.state is not State.RUNNING:
+            return False
+        if v.idx in moving:
+            note = f"moved to make room for {ws.w.id}, which its project is owed; it restarts on another node"
+            state.evict(v, Eviction(v.w.id, EvictReason.CONSOLIDATE, note, preemptor=ws.w.id))
+        elif eligible(v):  # an earlier victim (its project's floor) may rule this one out now
+            state.evict(v, Eviction(v.w.id, EvictReason.RECLAIM, message, preemptor=ws.w.id))
+        else:
+            return False
+    found = fits_on(session, node, ws.w.request, frozenset(ws.w.gpu_models))
+    if found is None:
+        return False
+    target = Placement(0, node.name, found[0])
+    state.hold(ws, target)
+    for m in moved:
+        spot = _room_for(session, ws, m, node, rows, hosts, eligible, message)
+        if spot is None:
+            return False
+        state.place(m, spot, pipelined=True)  # nominated there, and its project charged again
+    state.unhold(ws, target)
+    state.place(ws, (target,), pipelined=True)
+    return True
+
+
+def _room_for(
+    session: Session,
+    ws: WorkloadState,
+    m: WorkloadState,
+    node: NodeState,
+    rows: np.ndarray,
+    hosts: np.ndarray,
+    eligible: Eligible,
+    message: str,
+) -> tuple[Placement, ...] | None:
+    """Room for a moved workload elsewhere in its pool: free or releasing, else freed by one more victim set."""
+    state = session.state
+    pool = np.array([state.nodes[i].pool_idx == m.pool_idx and i != node.idx for i in rows.tolist()], dtype=bool)
+    others = rows[pool]
+    if not len(others):
+        return None
+    spot = session.placer.place_in(m, others, pipelined=True)
+    if spot is not None:
+        return spot
+    hosting = np.intersect1d(others, hosts, assume_unique=True)
+    search = Search(others, hosting, eligible, EvictReason.RECLAIM, message, preemptor=ws.w.id)
+    freed = evict_for(session, m, search, set())
+    if freed is None:
+        return None
+    found = fits_on(session, freed, m.w.request, frozenset(m.w.gpu_models))
+    return None if found is None else (Placement(0, freed.name, found[0]),)
