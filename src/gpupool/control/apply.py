@@ -69,11 +69,14 @@ def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> lis
             if a.state != "ended" and a.stop_at is None:
                 a.stop_at = now
         events.append(record(row, row.state, f"{ev.reason.value}: {_named(ev.message, rows)}; stopping", now))
+    stopping = {ev.workload for ev in decision.evictions}
     for pend in decision.pending:
         row = rows[row_id(pend.workload)]
         nominated = sorted({x.node for x in pend.nominated})
         message = _named(pend.message, rows)
-        if row.reason_code != pend.code.value or row.reason != message:
+        # A workload moved to make room is stopped and nominated elsewhere in one decision: its reason stays
+        # the eviction's until it has stopped; the nomination is kept for its restart.
+        if pend.workload not in stopping and (row.reason_code != pend.code.value or row.reason != message):
             row.reason_code, row.reason = pend.code.value, message
         if row.nominated != nominated:
             row.nominated = nominated

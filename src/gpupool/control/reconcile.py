@@ -73,7 +73,8 @@ def _code(code: int | None) -> str:
 def _finish(row: WorkloadRow, allocs: list[AllocationRow], now: float) -> EventRow:
     reason = row.stop_reason
     row.stop_reason = None
-    row.nominated = []
+    if reason != "consolidate":  # a moved workload restarts where it was nominated when it was moved
+        row.nominated = []
     row.idle_since = None
     if reason in POLICY_STOPS:
         why = row.reason.removesuffix("; stopping")
