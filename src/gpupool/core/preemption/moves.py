@@ -22,6 +22,7 @@ import numpy as np
 from gpupool.core import quota
 from gpupool.core.decision import Eviction, EvictReason
 from gpupool.core.model import Placement, State
+from gpupool.core.placement.index import IntArray
 from gpupool.core.preemption.victims import (
     Eligible,
     Search,
@@ -79,7 +80,7 @@ def _movable(v: WorkloadState, now: float) -> bool:
     )  # fmt: skip
 
 
-def _options(session: Session, ws: WorkloadState, rows: np.ndarray, eligible: Eligible) -> list[Option]:
+def _options(session: Session, ws: WorkloadState, rows: IntArray, eligible: Eligible) -> list[Option]:
     """Nodes where victims plus at most MAX_MOVES moved workloads make room: fewest and smallest moves first."""
     state, config = session.state, session.config
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
@@ -122,8 +123,8 @@ def _carry_out(
     node: NodeState,
     chosen: list[WorkloadState],
     moved: list[WorkloadState],
-    rows: np.ndarray,
-    hosts: np.ndarray,
+    rows: IntArray,
+    hosts: IntArray,
     eligible: Eligible,
     message: str,
 ) -> bool:
@@ -159,8 +160,8 @@ def _room_for(
     ws: WorkloadState,
     m: WorkloadState,
     node: NodeState,
-    rows: np.ndarray,
-    hosts: np.ndarray,
+    rows: IntArray,
+    hosts: IntArray,
     eligible: Eligible,
     message: str,
 ) -> tuple[Placement, ...] | None:
