@@ -196,6 +196,21 @@ def checked_cycle(snapshot: Snapshot, config: SchedulerConfig, advance: float) -
     return decision, after
 
 
+def settle(snapshot: Snapshot, config: SchedulerConfig) -> Snapshot:
+    """Checked cycles until one changes nothing (at most 30).
+
+    A bound workload starts when the decision is applied, at the next cycle's time; jumping past the longest
+    min runtime before every cycle keeps "nothing changed" from meaning "protected for a few more seconds".
+    """
+    advance = MAX_MIN_RUNTIME + 1
+    for _ in range(30):
+        snapshot = dataclasses.replace(snapshot, now=snapshot.now + advance)
+        decision, snapshot = checked_cycle(snapshot, config, advance)
+        if not decision.binds and not decision.evictions:
+            return snapshot
+    raise AssertionError("no steady state after 30 cycles")
+
+
 def mix(items: tuple[T, ...], rng: random.Random) -> tuple[T, ...]:
     out = list(items)
     rng.shuffle(out)
@@ -241,16 +256,8 @@ def test_settles_and_stays_settled(scenario: Scenario) -> None:
     for step in scenario.steps:
         snapshot = arrive(snapshot, step)
         _, snapshot = checked_cycle(snapshot, scenario.config, step.advance)
-    # A bound workload starts when the decision is applied, at the next cycle's time; jumping past the longest
-    # min runtime before every cycle keeps "nothing changed" from meaning "protected for a few more seconds".
+    snapshot = settle(snapshot, scenario.config)
     advance = MAX_MIN_RUNTIME + 1
-    for _ in range(30):
-        snapshot = dataclasses.replace(snapshot, now=snapshot.now + advance)
-        decision, snapshot = checked_cycle(snapshot, scenario.config, advance)
-        if not decision.binds and not decision.evictions:
-            break
-    else:
-        raise AssertionError("no steady state after 30 cycles")
     for i in range(5):
         snapshot = dataclasses.replace(snapshot, now=snapshot.now + advance)
         decision, snapshot = checked_cycle(snapshot, scenario.config, advance)

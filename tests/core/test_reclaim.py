@@ -282,3 +282,13 @@ def test_nothing_moves_for_a_project_above_its_deserved_quota() -> None:
     run = Run(c.snapshot())
     run.submit(c, "a0", "a", gpus=4).settle()  # twice a's deserved quota: no guarantee to honour
     assert run.evicted() == [] and "a0" in run.pending()
+
+
+def test_a_moved_workload_is_requeued_with_its_nomination() -> None:
+    c = blocked_nodes(a=4, c=2)
+    run = Run(c.snapshot())
+    run.submit(c, "a0", "a", gpus=4)
+    first = run.cycle()
+    (moved,) = [e.workload for e in first.evictions if e.reason.value == "consolidate"]
+    (target,) = {p.node for p in first.pending_for(moved).nominated}  # type: ignore[union-attr]
+    assert run.workload(moved).nominated_nodes == (target,)

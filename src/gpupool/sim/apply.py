@@ -2,7 +2,7 @@
 
 Binds start at `now`; pipelined workloads keep waiting, remembering the nodes they were nominated to;
 evictions release at once (as if the grace period had passed) and the evicted workload is requeued as
-pending, keeping its submit time.
+pending, keeping its submit time (and its nomination, when it was moved to make room).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ def apply_decision(snapshot: Snapshot, decision: Decision, now: float | None = N
     nominated = {p.workload: tuple(sorted({x.node for x in p.nominated})) for p in decision.pending}
     out: list[Workload] = []
     for w in snapshot.workloads:
-        if w.id in evicted:
-            w = dataclasses.replace(w, state=State.PENDING, placements=(), start_time=None, nominated_nodes=())
+        if w.id in evicted:  # a workload moved to make room is nominated for its new place in the same decision
+            w = dataclasses.replace(
+                w, state=State.PENDING, placements=(), start_time=None, nominated_nodes=nominated.get(w.id, ())
+            )
         elif w.id in binds:
             w = dataclasses.replace(
                 w, state=State.RUNNING, placements=binds[w.id].placements, start_time=at, nominated_nodes=()
