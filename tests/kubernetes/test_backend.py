@@ -119,6 +119,40 @@ def test_reclaim_deletes_the_borrowers_pods_and_a_lost_node_sends_its_work_back(
     assert any("node" in e["reason"] and "lost" in e["reason"] for e in w["events"])
 
 
+def test_an_owed_whole_node_moves_a_within_quota_pod_and_reclaims_the_rest(
+    cluster: Cluster, kube_server: Callable[..., Server]
+) -> None:
+    """Each node runs a pod of `holder` (within its quota) beside `borrower`'s; `owner` is owed a whole node."""
+    nodes = cluster.add_gpu_nodes(2, prefix="moves")
+    s = kube_server()
+    wait_for(lambda: sum(1 for n in s.json("nodes") if n["name"] in nodes and n["schedulable"]) == 2, 30, "nodes")
+    s.cli("department", "create", "lab", "--deserved-gpus", "16", "--pool", "h100")
+    for project, gpus in (("holder", "8"), ("owner", "8"), ("borrower", "0")):
+        s.cli("project", "create", project, "--department", "lab", "--deserved-gpus", gpus, "--pool", "h100")
+
+    def run(project: str, name: str, gpus: int) -> None:
+        s.cli("submit", "-p", project, "--type", "batch", "--name", name, "--gpus", str(gpus), "--", "sleep", "inf")
+        s.wait_state(name, "running")
+
+    run("holder", "h-big", 7)
+    run("borrower", "b-fill", 1)  # fills h-big's node
+    run("holder", "h-one", 1)  # so h-one has the other node, where the borrower fills the rest
+    for i in range(7):
+        run("borrower", f"b{i}", 1)
+    target = s.workload("h-one")["node"]
+    s.cli("submit", "-p", "owner", "--name", "mine", "--gpus", "8", "--", "sleep", "inf")
+    s.wait_state("mine", "running", timeout=60)
+    assert s.workload("mine")["node"] == target
+    moved = wait_for(lambda: (w := s.workload("h-one")) and w["state"] == "running" and w["attempt"] == 1 and w, 60,
+                     "h-one to restart on the other node")  # fmt: skip
+    assert moved["node"] != target
+    assert any("consolidate" in e["reason"] and "'mine'" in e["reason"] for e in moved["events"])
+    borrower = [s.workload(n)["state"] for n in ("b-fill", *(f"b{i}" for i in range(7)))]
+    assert borrower == ["preempted"] * 8
+    assert s.workload("h-big")["state"] == "running" and s.workload("h-big")["attempt"] == 0
+    assert _gpus_per_node(cluster) == {nodes[0]: 8, nodes[1]: 8}
+
+
 def test_in_project_preemption_deletes_the_lowest_priority_pods(
     cluster: Cluster, kube_server: Callable[..., Server]
 ) -> None:
