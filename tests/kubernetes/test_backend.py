@@ -27,6 +27,19 @@ def _gpus_per_node(cluster: Cluster) -> dict[str, int]:
     return out
 
 
+def lab(
+    cluster: Cluster, kube_server: Callable[..., Server], prefix: str, projects: dict[str, int]
+) -> tuple[Server, list[str]]:
+    """Two 8-GPU nodes seen by a new server, and department lab (16 GPUs) with the given projects."""
+    nodes = cluster.add_gpu_nodes(2, prefix=prefix)
+    s = kube_server()
+    wait_for(lambda: sum(1 for n in s.json("nodes") if n["name"] in nodes and n["schedulable"]) == 2, 30, "nodes")
+    s.cli("department", "create", "lab", "--deserved-gpus", "16", "--pool", "h100")
+    for project, gpus in projects.items():
+        s.cli("project", "create", project, "--department", "lab", "--deserved-gpus", str(gpus), "--pool", "h100")
+    return s, nodes
+
+
 def test_workloads_become_bound_pods_and_their_phases_drive_states(
     cluster: Cluster, kube_server: Callable[..., Server]
 ) -> None:
@@ -90,12 +103,7 @@ def test_workloads_become_bound_pods_and_their_phases_drive_states(
 def test_reclaim_deletes_the_borrowers_pods_and_a_lost_node_sends_its_work_back(
     cluster: Cluster, kube_server: Callable[..., Server]
 ) -> None:
-    nodes = cluster.add_gpu_nodes(2, prefix="reclaim")
-    s = kube_server()
-    wait_for(lambda: sum(1 for n in s.json("nodes") if n["name"] in nodes and n["schedulable"]) == 2, 30, "nodes")
-    s.cli("department", "create", "lab", "--deserved-gpus", "16", "--pool", "h100")
-    s.cli("project", "create", "borrower", "--department", "lab", "--deserved-gpus", "8", "--pool", "h100")
-    s.cli("project", "create", "owner", "--department", "lab", "--deserved-gpus", "8", "--pool", "h100")
+    s, _ = lab(cluster, kube_server, "reclaim", {"borrower": 8, "owner": 8})
     for i in range(4):
         s.cli("submit", "-p", "borrower", "--type", "batch", "--name", f"b{i}", "--gpus", "4", "--", "sleep", "inf")
     for i in range(4):
@@ -123,12 +131,7 @@ def test_an_owed_whole_node_moves_a_within_quota_pod_and_reclaims_the_rest(
     cluster: Cluster, kube_server: Callable[..., Server]
 ) -> None:
     """Each node runs a pod of `holder` (within its quota) beside `borrower`'s; `owner` is owed a whole node."""
-    nodes = cluster.add_gpu_nodes(2, prefix="moves")
-    s = kube_server()
-    wait_for(lambda: sum(1 for n in s.json("nodes") if n["name"] in nodes and n["schedulable"]) == 2, 30, "nodes")
-    s.cli("department", "create", "lab", "--deserved-gpus", "16", "--pool", "h100")
-    for project, gpus in (("holder", "8"), ("owner", "8"), ("borrower", "0")):
-        s.cli("project", "create", project, "--department", "lab", "--deserved-gpus", gpus, "--pool", "h100")
+    s, nodes = lab(cluster, kube_server, "moves", {"holder": 8, "owner": 8, "borrower": 0})
 
     def run(project: str, name: str, gpus: int) -> None:
         s.cli("submit", "-p", project, "--type", "batch", "--name", name, "--gpus", str(gpus), "--", "sleep", "inf")
