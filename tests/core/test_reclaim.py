@@ -1,5 +1,8 @@
 """Reclaim: projects below their share take GPUs back from borrowers, never below the victim's deserved."""
 
+import dataclasses
+
+from gpupool.core import State, schedule
 from tests.core.builders import Cluster, Run
 
 
@@ -292,3 +295,26 @@ def test_a_moved_workload_is_requeued_with_its_nomination() -> None:
     (moved,) = [e.workload for e in first.evictions if e.reason.value == "consolidate"]
     (target,) = {p.node for p in first.pending_for(moved).nominated}  # type: ignore[union-attr]
     assert run.workload(moved).nominated_nodes == (target,)
+
+
+def test_a_moved_workloads_new_room_stays_held_while_it_stops() -> None:
+    # In the control plane an evicted workload stays releasing through its grace period; nothing else may take
+    # the GPU its move was nominated to meanwhile, or its project would fall below its quota.
+    c = blocked_nodes(a=4, c=2).pool("h100", nodes=1, gpus=4).project("x", deserved=3)
+    for i in range(3):
+        c.running(f"x{i}", "x", "h100-2", [i], gpus=1)
+    c.submit("a0", "a", gpus=4)
+    before = c.snapshot()
+    first = schedule(before)
+    (moved,) = [e.workload for e in first.evictions if e.reason.value == "consolidate"]
+    spot = {p.node for p in first.pending_for(moved).nominated}  # type: ignore[union-attr]
+    stopping = {e.workload for e in first.evictions}
+    c.workloads = [
+        dataclasses.replace(w, state=State.RELEASING, nominated_nodes=tuple(spot) if w.id == moved else ())
+        if w.id in stopping else w
+        for w in before.workloads
+    ]  # fmt: skip
+    c.submit("x-new", "x", gpus=1)  # fits only where the moved workload is to restart
+    second = schedule(c.snapshot())
+    assert "x-new" not in {b.workload for b in second.binds}
+    assert not any(p.node in spot for b in second.binds for p in b.placements)

@@ -26,6 +26,9 @@ class SchedulerConfig:
     """Nodes on which a victim set is worked out per member before the cheapest is taken."""
     victim_visit_nodes: int = 128
     """Most nodes looked at for victims per member and attempt (a window that moves from cycle to cycle)."""
+    max_move_attempts: int = 10
+    """Per cycle: reclaims that may move work off a node for a project owed GPUs (0 turns moves off).
+    Each such attempt searches for victims for the moved workloads too, so it costs several plain ones."""
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.actions if a not in ALL_ACTIONS]
@@ -33,3 +36,5 @@ class SchedulerConfig:
             raise ValueError(f"unknown actions {unknown}; known: {', '.join(ALL_ACTIONS)}")
         if not 1 <= self.mix_coverage_pct <= 100:
             raise ValueError("mix_coverage_pct must be between 1 and 100")
+        if self.max_move_attempts < 0:
+            raise ValueError("max_move_attempts must not be negative")

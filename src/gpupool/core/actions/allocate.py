@@ -6,9 +6,11 @@ capacity, so nothing else takes what it waits for.
 
 from __future__ import annotations
 
+import numpy as np
+
 from gpupool.core import explain, quota
 from gpupool.core.decision import Pending, PendingCode
-from gpupool.core.model import Placement
+from gpupool.core.model import Placement, State
 from gpupool.core.ordering import FairOrder, workload_key
 from gpupool.core.session import Session
 from gpupool.core.state import WorkloadState
@@ -89,6 +91,14 @@ def _claim_nominations(session: Session, has_releasing: bool) -> None:
         only = {state.node_by_name[n].idx for n in ws.w.nominated_nodes if n in state.node_by_name}
         if only:
             try_allocate(session, ws, set(), has_releasing, only)
+    # A workload moved to make room (reclaim with moves) is still stopping: its new room stays held for it
+    # until it is pending again and claims it as above.
+    moving = [ws for ws in state.workloads if ws.state is State.RELEASING and ws.w.nominated_nodes]
+    for ws in sorted(moving, key=workload_key):
+        rows = sorted(state.node_by_name[n].idx for n in ws.w.nominated_nodes if n in state.node_by_name)
+        spot = session.placer.place_in(ws, np.array(rows, dtype=np.int64), pipelined=True) if rows else None
+        for p in spot or ():
+            state.hold(ws, p)
 
 
 def _exact_quota(session: Session, ws: WorkloadState, placements: tuple[Placement, ...]) -> Pending | None:

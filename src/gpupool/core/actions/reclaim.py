@@ -33,8 +33,8 @@ from gpupool.core.preemption.victims import past_min_runtime, place_with_evictio
 from gpupool.core.session import Session
 from gpupool.core.state import WorkloadState
 
-STEPS: tuple[tuple[str, ...], ...] = ((), ("young",), ("young", "straddle"), ("young", "straddle", "sibling"))
-"""The usual rules, then the relaxations a quota reclaim adds one at a time."""
+RELAXATIONS = ("young", "straddle", "sibling")
+"""What a quota reclaim relaxes, one step at a time after the usual rules."""
 
 RETRYABLE = (PendingCode.NO_NODE_FITS, PendingCode.GANG_UNPLACEABLE)
 """Reasons eviction can cure. Queued-behind (a strict-FIFO head waits) is not one: the head goes first."""
@@ -44,6 +44,8 @@ def reclaim(session: Session) -> None:
     state = session.state
     failed: set[tuple[object, ...]] = set()
     attempts = 0
+    moves_left = session.config.max_move_attempts
+    no_room: set[object] = set()
     deserved = session.deserved
     waiting = [ws for ws in session.waiting() if _retryable(session, ws)]
     for ws in FairOrder(session, waiting):
@@ -70,20 +72,29 @@ def reclaim(session: Session) -> None:
         # The usual rules first; a project owed GPUs then relaxes them one step at a time, where an earlier
         # step turned a victim away for just that reason (else the step could find nothing new).
         held: set[str] = set()
-        for relaxed in STEPS:
-            pools = owed if relaxed else by_quota
-            if evicted is not None or not pools or (relaxed and relaxed[-1] not in held):
+        moved = 0
+        for step in (None, *RELAXATIONS):
+            pools = owed if step else by_quota
+            if evicted is not None or not pools or (step and step not in held):
                 continue
-            victim_queues, eligible, valid = _rules(session, ws, pools, nominal, frozenset(relaxed), held)
+            # A step relaxes its own rule, and the earlier ones only where they turned a victim away too.
+            upto = RELAXATIONS[: RELAXATIONS.index(step) + 1] if step else ()
+            relaxed = frozenset(r for r in upto if r in held)
+            victim_queues, eligible, valid = _rules(session, ws, pools, nominal, relaxed, held)
             evicted = place_with_evictions(session, ws, victim_queues, eligible, valid, EvictReason.RECLAIM, message)
-        if evicted is None and owed:
-            victim_queues, eligible, valid = _rules(session, ws, owed, nominal, frozenset(STEPS[-1]), held)
-            evicted = place_with_moves(session, ws, victim_queues, eligible, valid, message, owed.__contains__)
+        if evicted is None and owed and moves_left > 0 and ws.w.gang_size == 1:
+            moves_left -= 1
+            victim_queues, eligible, valid = _rules(session, ws, owed, nominal, frozenset(held), held)
+            found = place_with_moves(session, ws, victim_queues, eligible, valid, message, owed.__contains__, no_room)
+            if found is not None:
+                evicted, moved = found
         if evicted is None:
             failed.add(key)
             continue
         state.commit()
-        session.stats["reclaimed"] += evicted
+        no_room.clear()
+        session.stats["reclaimed"] += evicted - moved
+        session.stats["moved"] += moved
         session.pending[ws.idx] = explain.waiting(ws, evicted)
 
 
@@ -189,23 +200,23 @@ def _rules(
             return False
         theirs = tree.chain[v.queue]
         owed = quota_reclaim(v.queue, p)
-        if any(not room[(q, p)] for q in chain[1:] if q not in theirs):
-            if not owed:
-                return False
-            if not sibling:  # judged on the outcome instead (`valid`), where siblings give back too
-                held.add("sibling")
-                return False
+        roomy = all(room[(q, p)] for q in chain[1:] if q not in theirs)
+        if not roomy and not owed:
+            return False
         # The relaxations add victims the reclaimer is owed; the usual ones stay eligible beside them, since
         # an owed set may need both (a sibling's young work and older work from another department).
+        # Without room its department is judged on the outcome instead (`valid`): siblings may give back.
         spare = headroom(v.queue, p)
         fits = spare > 0 if straddle and owed else v.milli <= spare
         grown = (young and owed) or past_min_runtime(v, state.now)
-        if owed and spare > 0:  # note what a relaxed step could take that this one may not
-            if fits and not grown:
+        if owed and spare > 0:  # note every rule that turned away a victim a relaxed step could take
+            if not roomy and not sibling:
+                held.add("sibling")
+            if v.milli <= spare and not past_min_runtime(v, state.now) and not young:
                 held.add("young")
-            elif not fits:
+            if v.milli > spare and not straddle:
                 held.add("straddle")
-        return fits and grown
+        return (roomy or sibling) and fits and grown
 
     def valid() -> bool:
         """No queue of the reclaimer grows past its fair share, except a department that a quota reclaim
@@ -214,7 +225,8 @@ def _rules(
         for i, q in enumerate(chain):
             now = state.used[q][p]
             if now > before[i][p] and now > session.fair[q][p]:
-                if not (i and by_quota.get(p) and _guaranteed(session, q, p, cap=False) <= session.deserved[q][p]):
+                # Within its fair share but for what its projects borrow beyond their deserved quotas?
+                if not (i and by_quota.get(p) and _guaranteed(session, q, p, cap=False) <= session.fair[q][p]):
                     return False
                 if not sibling:
                     held.add("sibling")

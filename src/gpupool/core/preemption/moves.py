@@ -9,7 +9,8 @@ restarts, as under consolidation, but keeps its share: its project's usage does 
 
 Bounds: only single workloads (not gangs) are placed this way, at most `MAX_MOVES` workloads move for one,
 each of them a single preemptible workload past its minimum runtime; the nodes looked at are the same
-bounded window as the victim search.
+bounded window as the victim search, and `max_move_attempts` bounds the attempts per cycle (0: no moves).
+While a moved workload stops, allocate keeps its new room for it (see `allocate._claim_nominations`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from gpupool.core import quota
-from gpupool.core.decision import Eviction, EvictReason
+from gpupool.core.decision import Eviction, EvictReason, Pending, PendingCode
 from gpupool.core.model import Placement, State
 from gpupool.core.placement.index import IntArray
 from gpupool.core.preemption.victims import (
@@ -38,7 +39,7 @@ from gpupool.core.state import NodeState, WorkloadState
 MAX_MOVES = 2
 """Most workloads moved to make room for one."""
 
-Option = tuple[tuple[int, int, int, int, int], NodeState, list[WorkloadState], list[WorkloadState]]
+Option = tuple[tuple[int, int, int, int, int, int], NodeState, list[WorkloadState], list[WorkloadState]]
 
 
 def place_with_moves(
@@ -49,9 +50,11 @@ def place_with_moves(
     valid: Callable[[], bool],
     message: str,
     in_pool: Callable[[int], bool],
-) -> int | None:
+    no_room: set[object],
+) -> tuple[int, int] | None:
     """Evict victims and move blockers so that `ws` starts on one node of a pool `in_pool` allows;
-    returns how many were evicted."""
+    returns how many were evicted, and how many of them move. `no_room` collects the shapes of moved
+    workloads that found no room, for the caller to keep until its next commit."""
     state = session.state
     if ws.w.gang_size != 1:
         return None
@@ -67,8 +70,14 @@ def place_with_moves(
         for _, node, chosen, moved in _options(session, ws, rows, eligible):
             checkpoint = state.checkpoint()
             before = len(state.evictions)
-            if _carry_out(session, ws, node, chosen, moved, rows, hosts, eligible, message) and accepted():
-                return len(state.evictions) - before
+            if _carry_out(session, ws, node, chosen, moved, group, hosts, eligible, message, no_room) and accepted():
+                for m in moved:
+                    session.pending[m.idx] = Pending(
+                        m.w.id, PendingCode.WAITING_FOR_EVICTIONS,
+                        f"moved to make room for {ws.w.id}; it restarts on {m.placements[0].node}",
+                        nominated=m.placements,
+                    )  # fmt: skip
+                return len(state.evictions) - before, len(moved)
             state.rollback(checkpoint)
     return None
 
@@ -81,7 +90,8 @@ def _movable(v: WorkloadState, now: float) -> bool:
 
 
 def _options(session: Session, ws: WorkloadState, rows: IntArray, eligible: Eligible) -> list[Option]:
-    """Nodes where victims plus at most MAX_MOVES moved workloads make room: fewest and smallest moves first."""
+    """Nodes where victims plus at most MAX_MOVES moved workloads make room: fewest moves first, then the
+    lowest-priority and smallest."""
     state, config = session.state, session.config
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     need = req.nominal_milli()
@@ -109,7 +119,10 @@ def _options(session: Session, ws: WorkloadState, rows: IntArray, eligible: Elig
         moved = [v for v in chosen if v.idx not in taken]
         if not moved or len(moved) > MAX_MOVES or sum(v.milli for v in moved) >= need:
             continue  # moving as much as it needs elsewhere is no easier than placing it there
-        key = (len(moved), sum(v.milli for v in moved), max(v.w.priority for v in chosen), len(chosen), node.idx)
+        key = (
+            len(moved), max(v.w.priority for v in moved), sum(v.milli for v in moved),
+            max(v.w.priority for v in chosen), len(chosen), node.idx,
+        )  # fmt: skip
         options.append((key, node, chosen, moved))
         if len(options) >= config.victim_search_nodes:
             break
@@ -123,10 +136,11 @@ def _carry_out(
     node: NodeState,
     chosen: list[WorkloadState],
     moved: list[WorkloadState],
-    rows: IntArray,
+    group: list[tuple[int, IntArray]],
     hosts: IntArray,
     eligible: Eligible,
     message: str,
+    no_room: set[object],
 ) -> bool:
     state = session.state
     moving = {v.idx for v in moved}
@@ -146,10 +160,14 @@ def _carry_out(
     target = Placement(0, node.name, found[0])
     state.hold(ws, target)
     for m in moved:
-        spot = _room_for(session, ws, m, node, rows, hosts, eligible, message)
+        shape = (m.w.request, m.w.gpu_models, m.pool_idx)
+        spot = None if shape in no_room else _room_for(session, ws, m, node, group, hosts, eligible, message)
         if spot is None:
+            no_room.add(shape)  # the search is the costly part, and the same shape fails alike elsewhere
             return False
         state.place(m, spot, pipelined=True)  # nominated there, and its project charged again
+        if quota.check(state, m.queue, m.pool_idx, 0, m.w.preemptible) is not None:
+            return False  # a memory request charged differently on its new device, say
     state.unhold(ws, target)
     state.place(ws, (target,), pipelined=True)
     return True
@@ -160,16 +178,15 @@ def _room_for(
     ws: WorkloadState,
     m: WorkloadState,
     node: NodeState,
-    rows: IntArray,
+    group: list[tuple[int, IntArray]],
     hosts: IntArray,
     eligible: Eligible,
     message: str,
 ) -> tuple[Placement, ...] | None:
     """Room for a moved workload elsewhere in its pool: free or releasing, else freed by one more victim set."""
-    state = session.state
-    pool = np.array([state.nodes[i].pool_idx == m.pool_idx and i != node.idx for i in rows.tolist()], dtype=bool)
-    others = rows[pool]
-    if not len(others):
+    rows = session.placer.rows(group, lambda p: p == m.pool_idx)
+    others = None if rows is None else rows[rows != node.idx]
+    if others is None or not len(others):
         return None
     spot = session.placer.place_in(m, others, pipelined=True)
     if spot is not None:
