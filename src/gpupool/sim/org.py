@@ -107,9 +107,6 @@ class Totals:
 
 
 class OrgSim:
-    rounds = 3
-    """Decisions per tick at most, while the last one evicted."""
-
     def __init__(self, org: Organisation, regime: Regime, gpus: int, horizon: float, interval: float = 60.0) -> None:
         self.org, self.regime, self.gpus, self.horizon, self.interval = org, regime, gpus, horizon, interval
         self.nodes, self.queues = _cluster(org, regime, gpus)
@@ -174,7 +171,7 @@ class OrgSim:
             self.dirty = True
 
     def _schedule(self) -> None:
-        for _ in range(self.rounds):  # evictions release at once, so their preemptors can start in the same tick
+        for _ in range(3):  # evictions release at once, so their preemptors can start in the same tick
             workloads = [self._workload(r) for r in (*self.running.values(), *self.pending.values())]
             decision = schedule(
                 Snapshot(self.nodes, self.queues, tuple(workloads), self.now), self.config, memo=self.memo

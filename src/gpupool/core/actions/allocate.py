@@ -93,6 +93,8 @@ def _claim_nominations(session: Session, has_releasing: bool) -> None:
             try_allocate(session, ws, set(), has_releasing, only)
     # A workload moved to make room (reclaim with moves) is still stopping: its new room stays held for it
     # until it is pending again and claims it as above.
+    if not has_releasing:
+        return
     moving = [ws for ws in state.workloads if ws.state is State.RELEASING and ws.w.nominated_nodes]
     for ws in sorted(moving, key=workload_key):
         rows = sorted(state.node_by_name[n].idx for n in ws.w.nominated_nodes if n in state.node_by_name)

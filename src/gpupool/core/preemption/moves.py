@@ -15,7 +15,6 @@ While a moved workload stops, allocate keeps its new room for it (see `allocate.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -32,6 +31,7 @@ from gpupool.core.preemption.victims import (
     past_min_runtime,
     victim_key,
     victims_on,
+    visit_window,
 )
 from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkloadState
@@ -95,12 +95,8 @@ def _options(session: Session, ws: WorkloadState, rows: IntArray, eligible: Elig
     state, config = session.state, session.config
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     need = req.nominal_milli()
-    candidates = rows.tolist()
-    if len(candidates) > config.victim_visit_nodes:
-        start = (zlib.crc32(ws.w.id.encode()) + int(state.now)) % len(candidates)
-        candidates = (candidates[start:] + candidates[:start])[: config.victim_visit_nodes]
     options: list[Option] = []
-    for i in candidates:
+    for i in visit_window(session, ws, rows):
         node = state.nodes[i]
         if not node.schedulable:
             continue

@@ -117,14 +117,7 @@ def evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: s
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     eligible = search.eligible
     options: list[tuple[tuple[int, int, int, bool, int], NodeState, list[WorkloadState]]] = []
-    hosts = search.hosts.tolist()
-    visit = session.config.victim_visit_nodes
-    if len(hosts) > visit:
-        # Look at a window of the hosts, starting at a place that moves with the workload and the clock:
-        # bounded work per attempt on any cluster size, and over cycles every host gets its turn.
-        start = (zlib.crc32(ws.w.id.encode()) + int(state.now)) % len(hosts)
-        hosts = (hosts[start:] + hosts[:start])[:visit]
-    for i in hosts:
+    for i in visit_window(session, ws, search.hosts):
         node = state.nodes[i]
         if not node.schedulable:
             continue
@@ -154,6 +147,17 @@ def evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: s
                 return node
         state.rollback(checkpoint)
     return None
+
+
+def visit_window(session: Session, ws: WorkloadState, rows: IntArray) -> list[int]:
+    """At most `victim_visit_nodes` of the rows, starting at a place that moves with the workload and the
+    clock: bounded work per attempt on any cluster size, and over cycles every node gets its turn."""
+    ids: list[int] = rows.tolist()
+    visit = session.config.victim_visit_nodes
+    if len(ids) <= visit:
+        return ids
+    start = (zlib.crc32(ws.w.id.encode()) + int(session.state.now)) % len(ids)
+    return (ids[start:] + ids[:start])[:visit]
 
 
 def _accepts(
