@@ -77,6 +77,8 @@ class Session:
 
 
 def open_session(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None = None) -> Session:
+    if memo is not None:
+        memo.bound()
     tree = build_tree(snapshot.queues)
     nodes_sorted = sorted(snapshot.nodes, key=lambda n: n.name)
     pools = sorted({n.pool for n in nodes_sorted})

@@ -1,0 +1,74 @@
+"""What a gap beside a share is worth, learned from the typical mix, and how the default policy uses it."""
+
+from gpupool.core import MILLI, Request, SchedulerConfig
+from gpupool.core.placement.gaps import gap_waste, gpu_shapes
+from gpupool.core.placement.policies import TypicalMix
+from tests.core.builders import Cluster, Run
+
+
+def mix(*shapes: tuple[float, int]) -> TypicalMix:
+    """(GPUs, weight): a whole number of GPUs, or a share below one."""
+    return tuple(
+        (Request(gpus=int(g)) if g >= 1 else Request(gpu_milli=round(g * MILLI)), weight) for g, weight in shapes
+    )
+
+
+def shapes_of(*shapes: tuple[float, int]) -> tuple[tuple[int, int, int], ...]:
+    return gpu_shapes(mix(*shapes))
+
+
+def test_a_gap_no_share_in_the_mix_fits_stays_idle() -> None:
+    waste = gap_waste(shapes_of((0.81, 10), (0.47, 10), (1, 20)))
+    assert waste[190] == 190  # beside a 0.81: nothing in the mix is that small
+    assert waste[MILLI] == 0  # a whole free GPU is not a sliver: whole-GPU work takes it
+
+
+def test_a_gap_a_common_share_closes_costs_what_the_pair_leaves() -> None:
+    waste = gap_waste(shapes_of((0.81, 10), (0.47, 10), (1, 20)))
+    assert 60 <= waste[530] < 100  # another 0.47 closes it, leaving 0.06; a few are still open at the end
+    assert waste[60] == 60
+
+
+def test_the_table_is_a_function_of_the_mix() -> None:
+    shapes = shapes_of((0.32, 10), (0.47, 10), (0.65, 10), (1, 20))
+    assert gap_waste(shapes) == gap_waste(shapes)
+    assert gap_waste(shapes) != gap_waste(shapes_of((0.81, 10), (0.47, 10), (1, 20)))
+
+
+def test_one_more_workload_of_a_common_shape_keeps_the_table() -> None:
+    assert shapes_of((0.5, 1000), (1, 1000)) == shapes_of((0.5, 1001), (1, 1000)) == ((0, 500, 500), (1, 0, 500))
+    assert shapes_of((0.5, 1000), (1, 1000)) != shapes_of((0.5, 1100), (1, 1000))
+
+
+def test_without_shares_every_gap_is_taken_as_idle() -> None:
+    waste = gap_waste(shapes_of((1, 5), (2, 1)))
+    assert waste == (*range(MILLI), 0)
+    assert gap_waste(()) == waste
+
+
+def two_gpus_after_a_small_share(policy: str) -> tuple[Cluster, Run]:
+    """A 0.32 share runs on one of two free GPUs; then a 0.47 share comes."""
+    c = Cluster().pool("a100", nodes=1, gpus=2).project("a", deserved=2)
+    c.submit("small", "a", gpu=0.32)
+    config = SchedulerConfig(policy=policy, typical_mix=mix((0.32, 10), (0.47, 10), (0.65, 10), (1, 20)))
+    run = Run(c.snapshot(), config).settle()
+    return c, run.submit(c, "mid", "a", gpu=0.47).settle()
+
+
+def device(run: Run, wid: str) -> int:
+    return run.workload(wid).placements[0].devices[0].index
+
+
+def test_a_share_opens_a_fresh_gpu_rather_than_leave_a_gap_nothing_fits() -> None:
+    # Beside the 0.32 a 0.47 would leave 0.21, which nothing in the mix fits; a 0.65 closes the 0.68 instead.
+    c, run = two_gpus_after_a_small_share("gpupool")
+    assert device(run, "mid") != device(run, "small")
+    run.submit(c, "large", "a", gpu=0.65).settle()
+    assert device(run, "large") == device(run, "small")  # 0.03 idle there, 0.53 left for another 0.47
+
+
+def test_best_fit_takes_the_smallest_gap_and_strands_the_rest() -> None:
+    c, run = two_gpus_after_a_small_share("bestfit")
+    assert device(run, "mid") == device(run, "small")
+    run.submit(c, "large", "a", gpu=0.65).settle()
+    assert device(run, "large") != device(run, "small")  # 0.21 idle beside the pair, 0.35 beside the 0.65
