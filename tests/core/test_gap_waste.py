@@ -1,15 +1,19 @@
 """What a gap beside a share is worth, learned from the typical mix, and how the default policy uses it."""
 
-from gpupool.core import MILLI, Request, SchedulerConfig
+import dataclasses
+
+from gpupool.core import MILLI, DeviceShare, Placement, Request, SchedulerConfig, State
 from gpupool.core.placement.gaps import gap_waste, gpu_shapes
 from gpupool.core.placement.policies import TypicalMix
 from tests.core.builders import Cluster, Run
 
 
-def mix(*shapes: tuple[float, int]) -> TypicalMix:
-    """(GPUs, weight): a whole number of GPUs, or a share below one."""
+def mix(*shapes: tuple[float, int], cpus: int = 0) -> TypicalMix:
+    """(GPUs, weight): a whole number of GPUs, or a share below one; each with `cpus` CPUs."""
+    cpu = cpus * 1000
     return tuple(
-        (Request(gpus=int(g)) if g >= 1 else Request(gpu_milli=round(g * MILLI)), weight) for g, weight in shapes
+        (Request(gpus=int(g), cpu_milli=cpu) if g >= 1 else Request(gpu_milli=round(g * MILLI), cpu_milli=cpu), w)
+        for g, w in shapes
     )
 
 
@@ -72,3 +76,20 @@ def test_best_fit_takes_the_smallest_gap_and_strands_the_rest() -> None:
     assert device(run, "mid") == device(run, "small")
     run.submit(c, "large", "a", gpu=0.65).settle()
     assert device(run, "large") != device(run, "small")  # 0.21 idle beside the pair, 0.35 beside the 0.65
+
+
+def test_a_share_does_not_take_the_last_cpus_beside_gpus_others_could_use() -> None:
+    # p-0 has 8 CPUs and two GPUs: a 0.47 share with 4 CPUs on one. Another 0.47 with 4 CPUs would close
+    # that gap, but take the node's last CPUs and strand its other GPU. p-1 has CPUs to spare.
+    c = Cluster().pool("p", nodes=1, gpus=2, cpus=8).pool("p", nodes=1, gpus=2, cpus=64).project("a", deserved=4)
+    c.submit("first", "a", gpu=0.47, cpus=4)
+    first = c.workloads[-1]
+    c.workloads[-1] = dataclasses.replace(
+        first, state=State.RUNNING, start_time=c.now,
+        placements=(Placement(0, "p-0", (DeviceShare(0, 470, 470 * 80 * 1024 // MILLI),)),),
+    )
+    config = SchedulerConfig(typical_mix=mix((0.47, 10), (1, 10), cpus=4))
+    run = Run(c.snapshot(), config).submit(c, "second", "a", gpu=0.47, cpus=4).settle()
+    assert run.workload("second").placements[0].node == "p-1"
+    run.submit(c, "whole", "a", gpus=1, cpus=4).submit(c, "third", "a", gpu=0.47, cpus=4).settle()
+    assert {"whole", "third"} <= run.running()  # p-0 still takes one of them

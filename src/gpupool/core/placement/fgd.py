@@ -12,7 +12,7 @@ import math
 
 from gpupool.core.model import MILLI, DeviceShare, Request
 from gpupool.core.placement.devices import free_whole_devices, share_candidates, whole_shares
-from gpupool.core.placement.gaps import GapWaste, gap_waste, gpu_shapes
+from gpupool.core.placement.gaps import ExpectedIdle, gap_waste, gpu_shapes
 from gpupool.core.placement.policies import Policy, PolicyContext, register
 from gpupool.core.state import NodeState
 
@@ -133,7 +133,9 @@ class GpupoolPolicy(FgdPolicy):
       learned from the typical mix), less what the gap it fills was expected to leave. So a 0.47 share
       closes a 0.53 gap (0.06 idle) but opens a fresh GPU rather than leave 0.21 beside a 0.32 that a
       0.65 would have filled. One milli-GPU of expected idle capacity weighs as two points of FGD's score,
-      so the gap decides and FGD's score only parts placements whose gaps cost the same.
+      so the gap decides and FGD's score only parts placements whose gaps cost the same. A gap no typical
+      workload could use for want of the node's CPU or memory counts as idle in full, so a share does not
+      take the last CPUs beside gaps that others would have closed (`gaps.ExpectedIdle`).
     - CPU-only work goes to the node with the least GPU free (FGD breaking ties), so the CPUs it takes do
       not strand GPUs that GPU work could still use: on CPU-heavy traces that is a point of the cluster.
 
@@ -149,7 +151,7 @@ class GpupoolPolicy(FgdPolicy):
         shapes = gpu_shapes(ctx.mix)
         if shapes not in tables:
             tables[shapes] = gap_waste(shapes)
-        self.waste: GapWaste = tables[shapes]
+        self.idle = ExpectedIdle(ctx.mix, tables[shapes], ctx.memo.table("expected-idle", ctx.mix))
 
     def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
         if req.gpus or not (req.gpu_milli or req.gpu_memory_mib):
@@ -157,12 +159,18 @@ class GpupoolPolicy(FgdPolicy):
             if shares is not None and not req.gpus:
                 value -= node.gpu_milli_free() * _GPU_FREE_STEP
             return shares, value
-        free = {d.index: d.free_milli() for d in node.devices}
+        free = [d.free_milli() for d in node.devices]
+        cpu_free = node.cpu - node.used_cpu - node.rel_cpu
+        mem_free = node.memory - node.used_memory - node.rel_memory
+        mem_dev = node.devices[0].memory if node.devices else 0
+        before = self.idle(free, cpu_free, mem_free, mem_dev)
         best: _Found = (None, 0.0)
         for shares, decrease in self._options(node, req, pipelined, models):
-            before = free[shares[0].index]
-            after = max(0, before - shares[0].milli)
-            value = _score(decrease) - _GAP_WEIGHT * (self.waste[after] - self.waste[before])
+            after = list(free)
+            pos = _position(node, shares[0].index)
+            after[pos] = max(0, after[pos] - shares[0].milli)
+            idle = self.idle(after, cpu_free - req.cpu_milli, mem_free - req.memory_mib, mem_dev)
+            value = _score(decrease) - _GAP_WEIGHT * (idle - before)
             if best[0] is None or value > best[1]:
                 best = (shares, value)
         return best

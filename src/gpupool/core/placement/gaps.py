@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import random
 from collections import defaultdict
+from typing import Any
 
 from gpupool.core.model import MILLI
 from gpupool.core.placement.policies import TypicalMix
@@ -101,3 +102,39 @@ def _replay(shapes: list[tuple[int, int]], weights: list[int], rng: random.Rando
                 bisect.insort(levels, left)
             devices_at[left].append(device)
     return [(left, final[device]) for device, left in history]
+
+
+class ExpectedIdle:
+    """A node's GPU capacity expected to stay idle: each device's gap at its table value, or all of it when
+    no typical GPU workload that fits the gap also fits in the node's free CPU and memory.
+
+    Without the host check a gap is priced as if some share will come to close it; on a node whose CPUs
+    are spent none can, and a whole GPU there is stranded. Pricing both lets a share's placement count the
+    gaps its own CPUs close off."""
+
+    def __init__(self, mix: TypicalMix, waste: GapWaste, cache: dict[Any, int]) -> None:
+        self.waste = waste
+        self.shapes = sorted(
+            {(r.gpu_milli or MILLI, r.gpu_memory_mib, r.cpu_milli, r.memory_mib) for r, _ in mix
+             if r.gpus == 1 or (not r.gpus and (r.gpu_milli or r.gpu_memory_mib))}
+        )
+        self._cache = cache
+        """By (sorted free, CPU free, memory free, device memory): nodes in equal states cost the same."""
+
+    def __call__(self, free: list[int], cpu_free: int, mem_free: int, mem_per_device: int) -> int:
+        key = (tuple(sorted(free)), cpu_free, mem_free, mem_per_device)
+        found = self._cache.get(key)
+        if found is None:
+            found = 0
+            for gap in key[0]:
+                if gap > 0:
+                    found += self.waste[gap] if self._usable(gap, cpu_free, mem_free, mem_per_device) else gap
+            self._cache[key] = found
+        return found
+
+    def _usable(self, gap: int, cpu_free: int, mem_free: int, mem_per_device: int) -> bool:
+        for milli, gpu_mem, cpu, mem in self.shapes:
+            need = milli if not gpu_mem else -(-gpu_mem * MILLI // max(1, mem_per_device))
+            if need <= gap and cpu <= cpu_free and mem <= mem_free:
+                return True
+        return False
