@@ -1,5 +1,7 @@
 """The caches kept between cycles never change a decision and do not grow for good."""
 
+import dataclasses
+
 import pytest
 
 from gpupool.core import schedule
@@ -17,8 +19,7 @@ def test_a_long_lived_memo_stays_bounded_and_decides_as_a_fresh_one(monkeypatch:
     for i in range(12):  # each cycle a new share size, so the typical mix and its tables change each time
         c.now = snapshot.now
         c.submit(f"w{i}", "a", gpu=0.05 + 0.07 * i)
-        snapshot = snapshot.__class__(snapshot.nodes, snapshot.queues, (*snapshot.workloads, c.workloads[-1]),
-                                      now=snapshot.now)
+        snapshot = dataclasses.replace(snapshot, workloads=(*snapshot.workloads, c.workloads[-1]))
         decision = schedule(snapshot, memo=kept)
         assert decision.to_dict() == schedule(snapshot).to_dict()
         assert kept.size()[0] <= 6 + 3  # bounded at the start of a cycle; a cycle adds one mix's tables

@@ -18,6 +18,9 @@ from gpupool.core.state import NodeState
 
 _Found = tuple[tuple[DeviceShare, ...] | None, float]
 _Key = tuple[int, Request, bool, frozenset[str]]
+_Host = tuple[list[int], int, int, int]
+"""A node's free resources as the fragment and idle measures read them: milli-GPU free per device, CPU free,
+memory free, memory per device."""
 
 
 def typical_fragment(free: list[int], cpu_free: int, mem_free: int, mem_per_device: int, t: Request) -> int:
@@ -85,38 +88,36 @@ class FgdPolicy(Policy):
 
     def _options(
         self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
-    ) -> list[tuple[tuple[DeviceShare, ...], float]]:
-        """Each way to place the request on this node, with how much it lowers the node's fragment."""
-        free = [d.free_milli() for d in node.devices]
-        cpu_free = node.cpu - node.used_cpu - node.rel_cpu
-        mem_free = node.memory - node.used_memory - node.rel_memory
-        mem_dev = node.devices[0].memory if node.devices else 0
-        before = self.fragment(free, cpu_free, mem_free, mem_dev)
+    ) -> tuple[_Host, list[tuple[tuple[DeviceShare, ...], _Host]]]:
+        """The node's free resources now, and each way to place the request on it with what it leaves free."""
+        before = _host(node)
+        free, cpu_free, mem_free, mem_dev = before
         cpu_after, mem_after = cpu_free - req.cpu_milli, mem_free - req.memory_mib
         if req.gpus:
             devices = free_whole_devices(node, pipelined, models)
             if len(devices) < req.gpus:
-                return []
+                return before, []
             shares = whole_shares(devices[: req.gpus])
             after = list(free)
             for s in shares:
                 after[_position(node, s.index)] = 0
-            return [(shares, before - self.fragment(after, cpu_after, mem_after, mem_dev))]
+            return before, [(shares, (after, cpu_after, mem_after, mem_dev))]
         if req.gpu_milli or req.gpu_memory_mib:
-            out: list[tuple[tuple[DeviceShare, ...], float]] = []
+            out: list[tuple[tuple[DeviceShare, ...], _Host]] = []
             for d, milli, mem in share_candidates(node, req, pipelined, models):
                 after = list(free)
                 pos = _position(node, d.index)
                 after[pos] = max(0, after[pos] - milli)
-                decrease = before - self.fragment(after, cpu_after, mem_after, mem_dev)
-                out.append(((DeviceShare(d.index, milli, mem),), decrease))
-            return out
-        return [((), before - self.fragment(free, cpu_after, mem_after, mem_dev))]
+                out.append(((DeviceShare(d.index, milli, mem),), (after, cpu_after, mem_after, mem_dev)))
+            return before, out
+        return before, [((), (free, cpu_after, mem_after, mem_dev))]
 
     def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
         best: _Found = (None, 0.0)
-        for shares, decrease in self._options(node, req, pipelined, models):
-            value = _score(decrease)
+        before, options = self._options(node, req, pipelined, models)
+        fragment = self.fragment(*before)
+        for shares, after in options:
+            value = _score(fragment - self.fragment(*after))
             if best[0] is None or value > best[1]:  # first device reaching the best score
                 best = (shares, value)
         return best
@@ -159,18 +160,11 @@ class GpupoolPolicy(FgdPolicy):
             if shares is not None and not req.gpus:
                 value -= node.gpu_milli_free() * _GPU_FREE_STEP
             return shares, value
-        free = [d.free_milli() for d in node.devices]
-        cpu_free = node.cpu - node.used_cpu - node.rel_cpu
-        mem_free = node.memory - node.used_memory - node.rel_memory
-        mem_dev = node.devices[0].memory if node.devices else 0
-        before = self.idle(free, cpu_free, mem_free, mem_dev)
         best: _Found = (None, 0.0)
-        for shares, decrease in self._options(node, req, pipelined, models):
-            after = list(free)
-            pos = _position(node, shares[0].index)
-            after[pos] = max(0, after[pos] - shares[0].milli)
-            idle = self.idle(after, cpu_free - req.cpu_milli, mem_free - req.memory_mib, mem_dev)
-            value = _score(decrease) - _GAP_WEIGHT * (idle - before)
+        before, options = self._options(node, req, pipelined, models)
+        fragment, idle = self.fragment(*before), self.idle(*before)
+        for shares, after in options:
+            value = _score(fragment - self.fragment(*after)) - _GAP_WEIGHT * (self.idle(*after) - idle)
             if best[0] is None or value > best[1]:
                 best = (shares, value)
         return best
@@ -187,6 +181,12 @@ _GPU_FREE_STEP = 1_000.0
 def _score(decrease: float) -> float:
     """FGD's score for a fragment decrease, with its simulator's integer truncation."""
     return float(int(100 / (1 + math.exp(-decrease / 1000))))
+
+
+def _host(node: NodeState) -> _Host:
+    free_cpu = node.cpu - node.used_cpu - node.rel_cpu
+    free_memory = node.memory - node.used_memory - node.rel_memory
+    return [d.free_milli() for d in node.devices], free_cpu, free_memory, node.devices[0].memory if node.devices else 0
 
 
 def _position(node: NodeState, index: int) -> int:

@@ -40,7 +40,7 @@ def gpu_shapes(mix: TypicalMix) -> Shapes:
     mix (one more workload of a common shape) leave the table as it was and need no new replay."""
     counts: dict[tuple[int, int], int] = defaultdict(int)
     for r, w in mix:
-        if r.gpus or 0 < r.gpu_milli < MILLI:
+        if r.gpus or r.gpu_milli:
             counts[(r.gpus, 0 if r.gpus else r.gpu_milli)] += w
     total = sum(counts.values())
     shapes = ((g, m, (1000 * w + total // 2) // total) for (g, m), w in sorted(counts.items()))
@@ -114,10 +114,8 @@ class ExpectedIdle:
 
     def __init__(self, mix: TypicalMix, waste: GapWaste, cache: dict[Any, int]) -> None:
         self.waste = waste
-        self.shapes = sorted(
-            {(r.gpu_milli or MILLI, r.gpu_memory_mib, r.cpu_milli, r.memory_mib) for r, _ in mix
-             if r.gpus == 1 or (not r.gpus and (r.gpu_milli or r.gpu_memory_mib))}
-        )
+        self.shapes = tuple(dict.fromkeys(r for r, _ in mix if r.gpus == 1 or r.gpu_milli or r.gpu_memory_mib))
+        """Typical shapes that fit on one device, in the mix's order."""
         self._cache = cache
         """By (sorted free, CPU free, memory free, device memory): nodes in equal states cost the same."""
 
@@ -133,8 +131,8 @@ class ExpectedIdle:
         return found
 
     def _usable(self, gap: int, cpu_free: int, mem_free: int, mem_per_device: int) -> bool:
-        for milli, gpu_mem, cpu, mem in self.shapes:
-            need = milli if not gpu_mem else -(-gpu_mem * MILLI // max(1, mem_per_device))
-            if need <= gap and cpu <= cpu_free and mem <= mem_free:
+        for r in self.shapes:
+            need = MILLI if r.gpus else r.share_on(max(1, mem_per_device))[0]
+            if need <= gap and r.cpu_milli <= cpu_free and r.memory_mib <= mem_free:
                 return True
         return False
