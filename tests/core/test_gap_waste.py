@@ -2,8 +2,10 @@
 
 import dataclasses
 
+import pytest
+
 from gpupool.core import MILLI, DeviceShare, Placement, Request, SchedulerConfig, State
-from gpupool.core.placement.gaps import gap_waste, gpu_shapes
+from gpupool.core.placement.gaps import ExpectedIdle, gap_waste, gpu_shapes
 from gpupool.core.placement.policies import TypicalMix
 from tests.core.builders import Cluster, Run
 
@@ -93,3 +95,47 @@ def test_a_share_does_not_take_the_last_cpus_beside_gpus_others_could_use() -> N
     assert run.workload("second").placements[0].node == "p-1"
     run.submit(c, "whole", "a", gpus=1, cpus=4).submit(c, "third", "a", gpu=0.47, cpus=4).settle()
     assert {"whole", "third"} <= run.running()  # p-0 still takes one of them
+
+
+@pytest.mark.parametrize(
+    ("lean_gpus", "lean_cpus", "job_cpus", "goes_to"),
+    [
+        # An 8-GPU node with 96 CPUs feeds eight typical 11-CPU jobs. A 1-GPU job that wants 24 CPUs fits
+        # there as well as on the 2-GPU node with 104 CPUs, and the GPUs' fragmentation is the same either
+        # way, but it would leave 72 CPUs for seven GPUs there: one of them would starve.
+        (8, 96, 24, "rich-0"),
+        # The mirror image: a 3-CPU job goes to the node whose 16 CPUs could feed only one of its two GPUs.
+        (2, 16, 3, "lean-0"),
+    ],
+)
+def test_work_goes_where_its_cpus_leave_every_gpu_fed(
+    lean_gpus: int, lean_cpus: int, job_cpus: int, goes_to: str
+) -> None:
+    c = Cluster().pool("rich", nodes=1, gpus=2, cpus=104).pool("lean", nodes=1, gpus=lean_gpus, cpus=lean_cpus)
+    c.project("a", deserved=lean_gpus + 2)
+    config = SchedulerConfig(typical_mix=mix((1, 10), cpus=11))
+    run = Run(c.snapshot(), config).submit(c, "job", "a", gpus=1, cpus=job_cpus).settle()
+    assert run.workload("job").placements[0].node == goes_to
+    for i in range(lean_gpus + 1):
+        run.submit(c, f"typical-{i}", "a", gpus=1, cpus=11)
+    assert len(run.settle().running()) == lean_gpus + 2  # every GPU in use
+
+
+def expected_idle(typical: TypicalMix) -> ExpectedIdle:
+    return ExpectedIdle(typical, gap_waste(gpu_shapes(typical)), {})
+
+
+def test_the_last_cpus_feed_one_gpu_not_every_gpu() -> None:
+    # Four free GPUs and 12 free CPUs, where typical work takes 11 CPUs a GPU: one GPU can be fed.
+    idle = expected_idle(mix((1, 10), cpus=11))
+    assert idle([MILLI] * 4, 12_000, 10**6, 80 * 1024) == 3 * MILLI
+    assert idle([MILLI] * 4, 44_000, 10**6, 80 * 1024) == 0
+
+
+def test_free_cpus_feed_gpus_at_the_mix_rate() -> None:
+    # Half the typical work takes 3 CPUs a GPU, half 11: 7 on average. Every GPU could take a 3-CPU job,
+    # but 14 CPUs feed two GPUs' worth of the mix, so two are expected to stay idle.
+    typical = ((Request(gpus=1, cpu_milli=3000), 10), (Request(gpus=1, cpu_milli=11_000), 10))
+    idle = expected_idle(typical)
+    assert idle([MILLI] * 4, 14_000, 10**6, 80 * 1024) == 2 * MILLI
+    assert idle([MILLI] * 4, 28_000, 10**6, 80 * 1024) == 0

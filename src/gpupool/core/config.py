@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpupool.core.placement.models import ModelDemand
 from gpupool.core.placement.policies import TypicalMix
 
 ALL_ACTIONS: tuple[str, ...] = ("stale_gangs", "allocate", "reclaim", "preempt", "consolidate")
@@ -17,6 +18,9 @@ class SchedulerConfig:
     """Consolidation moves running work, so it is opt-in: add "consolidate" to enable it."""
     typical_mix: TypicalMix | None = None
     """Request shapes with popularity weights for fragmentation scoring; None derives it from the snapshot."""
+    model_demand: ModelDemand | None = None
+    """GPU work by the models it accepts, for keeping unpinned work off models pinned work needs; None
+    derives it from the snapshot's workloads."""
     mix_coverage_pct: int = 95
     """When derived, the most popular shapes that together cover this share of workloads."""
     seed: int = 0

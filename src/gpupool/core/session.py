@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -16,6 +16,7 @@ from gpupool.core.placement import baselines as _baselines  # noqa: F401  (regis
 from gpupool.core.placement import fgd as _fgd  # noqa: F401  (registers the fgd and gpupool policies)
 from gpupool.core.placement.index import IntArray
 from gpupool.core.placement.memo import Memo
+from gpupool.core.placement.models import ModelDemand, model_demand, model_pressure
 from gpupool.core.placement.placer import Placer
 from gpupool.core.placement.policies import PolicyContext, TypicalMix, make_policy, popular_shapes
 from gpupool.core.state import NodeState, WorkingState, WorkloadState, build_tree
@@ -118,6 +119,10 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None 
         max_gpus=max((len(n.devices) for n in nodes), default=1),
         memo=memo or Memo(),
         requests_on=lambda node: [workloads[i].w.request for i, n in node.residents.items() for _ in range(n)],
+        model_pressure=model_pressure(
+            _model_capacity(nodes),
+            config.model_demand if config.model_demand is not None else derive_model_demand(snapshot),
+        ),
     )
     placer = Placer(state, make_policy(config.policy, ctx))
     deserved = [[q.quota(p).deserved for p in pools] for q in tree.queues]
@@ -155,3 +160,17 @@ def _fair_shares(state: WorkingState) -> tuple[list[list[int]], list[list[int]]]
 def derive_mix(snapshot: Snapshot, coverage_pct: int) -> TypicalMix:
     """The typical mix of the snapshot's own workloads."""
     return popular_shapes((w.request for w in snapshot.workloads), coverage_pct)
+
+
+def derive_model_demand(snapshot: Snapshot) -> ModelDemand:
+    """The GPU work of the snapshot's own workloads, by the models each accepts."""
+    return model_demand((w.gpu_models, w.request.nominal_milli() * w.gang_size) for w in snapshot.workloads)
+
+
+def _model_capacity(nodes: list[NodeState]) -> dict[str, int]:
+    capacity: dict[str, int] = defaultdict(int)
+    for n in nodes:
+        if n.schedulable:
+            for d in n.devices:
+                capacity[d.model] += MILLI
+    return capacity

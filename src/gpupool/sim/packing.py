@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from gpupool.core import MILLI, Node, Queue, SchedulerConfig, Snapshot, State, Workload, schedule
 from gpupool.core.placement.memo import Memo
+from gpupool.core.placement.models import model_demand
 from gpupool.sim.fragmentation import ClusterGpus, typical_mix
 from gpupool.sim.traces import Pod
 
@@ -85,7 +86,10 @@ def run_seed(
     """
     rng = random.Random(seed)
     sequence = arrivals(pods, _capacity(nodes), tune, rng)
-    config = SchedulerConfig(policy=policy, actions=("allocate",), typical_mix=typical_mix(pods), seed=seed)
+    config = SchedulerConfig(
+        policy=policy, actions=("allocate",), typical_mix=typical_mix(pods), seed=seed,
+        model_demand=model_demand((p.gpu_spec, p.gpu_request_milli) for p in pods),
+    )
     memo = Memo()
     gpus = ClusterGpus(nodes)
     queue = (Queue(PROJECT),)

@@ -124,19 +124,23 @@ class FgdPolicy(Policy):
 
 
 class GpupoolPolicy(FgdPolicy):
-    """The default: FGD's fragmentation gradient, with what each gap is worth for shares, and CPU-only work
-    where GPUs are already taken.
+    """The default: FGD's fragmentation gradient, priced in the GPU each placement is expected to leave idle
+    for good, and CPU-only work where GPUs are already taken.
 
     - FGD's coarse score (an integer of the sigmoid) groups placements that change fragmentation alike, and
       ties go to the first node in a fixed order drawn from the seed, which consolidates work onto the same
       nodes and keeps others whole.
-    - A share also pays for the idle capacity its gap is expected to leave for good (`gaps.gap_waste`,
-      learned from the typical mix), less what the gap it fills was expected to leave. So a 0.47 share
-      closes a 0.53 gap (0.06 idle) but opens a fresh GPU rather than leave 0.21 beside a 0.32 that a
-      0.65 would have filled. One milli-GPU of expected idle capacity weighs as two points of FGD's score,
-      so the gap decides and FGD's score only parts placements whose gaps cost the same. A gap no typical
-      workload could use for want of the node's CPU or memory counts as idle in full, so a share does not
-      take the last CPUs beside gaps that others would have closed (`gaps.ExpectedIdle`).
+    - GPU work also pays for the change in the node's expected idle GPU (`gaps.ExpectedIdle`):
+      - the gap a share leaves, at what gaps of that size finally leave idle (`gaps.gap_waste`, learned
+        from the typical mix), less the value of the gap it fills. So a 0.47 share closes a 0.53 gap (0.06
+        idle) but opens a fresh GPU rather than leave 0.21 beside a 0.32 that a 0.65 would have filled;
+      - the gaps and whole GPUs its CPUs and memory close off: those no typical shape could use any more,
+        and the GPU the node's remaining CPUs could no longer feed at the mix's CPUs per GPU. So CPU-hungry
+        work goes to nodes with CPUs to spare and CPU-light work to nodes short of them.
+      One milli-GPU of expected idle capacity weighs as two points of FGD's score, so idle capacity decides
+      and FGD's score only parts placements that cost the same.
+    - GPU work pays, the same way, for the places it takes from work pinned to some GPU models, where pinned
+      work needs much of the model (`models.model_pressure`, `_displaced`).
     - CPU-only work goes to the node with the least GPU free (FGD breaking ties), so the CPUs it takes do
       not strand GPUs that GPU work could still use: on CPU-heavy traces that is a point of the cluster.
 
@@ -153,26 +157,45 @@ class GpupoolPolicy(FgdPolicy):
         if shapes not in tables:
             tables[shapes] = gap_waste(shapes)
         self.idle = ExpectedIdle(ctx.mix, tables[shapes], ctx.memo.table("expected-idle", ctx.mix))
+        self.pressure = dict(ctx.model_pressure)
+        self._cache = ctx.memo.table(self.name, ctx.mix, tuple(sorted(self.pressure.items())))
 
     def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
-        if req.gpus or not (req.gpu_milli or req.gpu_memory_mib):
+        if not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
             shares, value = super()._compute(node, req, pipelined, models)
-            if shares is not None and not req.gpus:
+            if shares is not None:
                 value -= node.gpu_milli_free() * _GPU_FREE_STEP
             return shares, value
         best: _Found = (None, 0.0)
         before, options = self._options(node, req, pipelined, models)
         fragment, idle = self.fragment(*before), self.idle(*before)
         for shares, after in options:
-            value = _score(fragment - self.fragment(*after)) - _GAP_WEIGHT * (self.idle(*after) - idle)
+            cost = self.idle(*after) - idle + self._displaced(node, shares)
+            value = _score(fragment - self.fragment(*after)) - _GAP_WEIGHT * cost
             if best[0] is None or value > best[1]:
                 best = (shares, value)
         return best
+
+    def _displaced(self, node: NodeState, shares: tuple[DeviceShare, ...]) -> int:
+        """Milli-GPU of model-pinned work expected to find its place taken by these shares. Where pinned
+        work needs little of a model (`models.model_pressure`), the rest is room for anyone; the chance of
+        displacing it then rises with the pressure, to certain where pinned work alone fills the model."""
+        if not self.pressure:
+            return 0
+        out = 0
+        for s in shares:
+            p = min(MILLI, self.pressure.get(node.device(s.index).model, 0))
+            if p > PINNED_ROOM:
+                out += s.milli * (p - PINNED_ROOM) // (MILLI - PINNED_ROOM)
+        return out
 
 
 _GAP_WEIGHT = 2
 """Points of FGD's score per milli-GPU a share's gap is expected to leave idle. On the Alibaba trace 1 does
 as well on most lists and 0.04 to 0.08 points worse on some; 2 and 4 do the same."""
+
+PINNED_ROOM = 400
+"""Per mille of a model's capacity that pinned work may need before unpinned work pays to use the model."""
 
 _GPU_FREE_STEP = 1_000.0
 """For CPU-only work one milli-GPU free outweighs FGD's whole score range (0..100)."""

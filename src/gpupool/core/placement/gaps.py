@@ -105,34 +105,82 @@ def _replay(shapes: list[tuple[int, int]], weights: list[int], rng: random.Rando
 
 
 class ExpectedIdle:
-    """A node's GPU capacity expected to stay idle: each device's gap at its table value, or all of it when
-    no typical GPU workload that fits the gap also fits in the node's free CPU and memory.
+    """A node's GPU capacity expected to stay idle, in milli-GPU. Three parts:
 
-    Without the host check a gap is priced as if some share will come to close it; on a node whose CPUs
-    are spent none can, and a whole GPU there is stranded. Pricing both lets a share's placement count the
-    gaps its own CPUs close off."""
+    - each device's gap at its table value (`gap_waste`);
+    - in full, a gap no typical GPU workload can use for want of CPU or memory. The node's gaps are served
+      largest first, each taking the CPU and memory of the cheapest typical shape that fits it, so the last
+      CPUs count once, not for every gap that could use them;
+    - the GPU the node's CPUs cannot feed. Typical GPU work spends, on average, so many millicores (and MiB)
+      per milli-GPU; a node whose free CPU is less than its gaps are expected to use times that rate will
+      leave the difference idle. The cheapest shape says whether a gap can be used at all; the rate says
+      whether the node can be filled, which it cannot when its CPUs went to work that needs more than its
+      share.
+
+    Without the host parts a gap is priced as if some workload will come to close it; on a node whose CPUs
+    are spent none can, and its GPUs are stranded. Pricing them lets a placement count the GPUs its own CPUs
+    close off, so CPU-hungry work goes where CPUs are plentiful and CPU-light work where they are short."""
 
     def __init__(self, mix: TypicalMix, waste: GapWaste, cache: dict[Any, int]) -> None:
         self.waste = waste
         self.shapes = tuple(dict.fromkeys(r for r, _ in mix if r.gpus == 1 or r.gpu_milli or r.gpu_memory_mib))
         """Typical shapes that fit on one device, in the mix's order."""
+        gpu = cpu = memory = 0
+        for r, w in mix:
+            milli = r.gpus * MILLI if r.gpus else r.gpu_milli
+            if milli:
+                gpu, cpu, memory = gpu + w * milli, cpu + w * r.cpu_milli, memory + w * r.memory_mib
+        self._rate = (gpu, cpu, memory)
+        """Typical GPU work's milli-GPU, millicores and MiB, weighted alike: the rates are their ratios."""
         self._cache = cache
         """By (sorted free, CPU free, memory free, device memory): nodes in equal states cost the same."""
+        self._fits: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
     def __call__(self, free: list[int], cpu_free: int, mem_free: int, mem_per_device: int) -> int:
         key = (tuple(sorted(free)), cpu_free, mem_free, mem_per_device)
         found = self._cache.get(key)
         if found is None:
-            found = 0
-            for gap in key[0]:
-                if gap > 0:
-                    found += self.waste[gap] if self._usable(gap, cpu_free, mem_free, mem_per_device) else gap
-            self._cache[key] = found
+            found = self._cache[key] = self._compute(key[0], cpu_free, mem_free, mem_per_device)
         return found
 
-    def _usable(self, gap: int, cpu_free: int, mem_free: int, mem_per_device: int) -> bool:
-        for r in self.shapes:
-            need = MILLI if r.gpus else r.share_on(max(1, mem_per_device))[0]
-            if need <= gap and r.cpu_milli <= cpu_free and r.memory_mib <= mem_free:
-                return True
-        return False
+    def _compute(self, free: tuple[int, ...], cpu_free: int, mem_free: int, mem_per_device: int) -> int:
+        idle = used = 0
+        cpu, memory = cpu_free, mem_free
+        for gap in reversed(free):
+            if gap <= 0:
+                continue
+            need = self._cheapest(gap, cpu, memory, mem_per_device)
+            if need is None:
+                idle += gap
+            else:
+                idle += self.waste[gap]
+                used += gap - self.waste[gap]
+                cpu, memory = cpu - need[0], memory - need[1]
+        gpu, cpu_work, mem_work = self._rate
+        short = 0
+        if cpu_work:
+            short = max(short, used - max(0, cpu_free) * gpu // cpu_work)
+        if mem_work:
+            short = max(short, used - max(0, mem_free) * gpu // mem_work)
+        return idle + short
+
+    def _cheapest(self, gap: int, cpu_free: int, mem_free: int, mem_per_device: int) -> tuple[int, int] | None:
+        """The CPU and memory of the cheapest typical shape that fits the gap and the host, if any does."""
+        for cpu, memory in self._fitting(gap, mem_per_device):
+            if cpu <= cpu_free and memory <= mem_free:
+                return cpu, memory
+        return None
+
+    def _fitting(self, gap: int, mem_per_device: int) -> list[tuple[int, int]]:
+        """(CPU, memory) of the typical shapes that fit a gap on devices of this memory, cheapest first."""
+        found = self._fits.get((gap, mem_per_device))
+        if found is None:
+            found = sorted(
+                {
+                    (r.cpu_milli, r.memory_mib)
+                    for r in self.shapes
+                    if (MILLI if r.gpus else r.share_on(max(1, mem_per_device))[0]) <= gap
+                }
+            )
+            self._fits[(gap, mem_per_device)] = found
+        return found

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gpupool.core.model import MILLI, DeviceShare, Request
 from gpupool.core.placement.devices import free_whole_devices, share_candidates, whole_shares
@@ -56,6 +56,8 @@ class PolicyContext:
     memo: Memo
     requests_on: Callable[[NodeState], Sequence[Request]] = lambda node: ()
     """The requests of the members resident on a node (for policies that look at what runs there)."""
+    model_pressure: Mapping[str, int] = field(default_factory=dict)
+    """Per GPU model, the per mille of its capacity that work pinned to some models needs (`models.py`)."""
 
 
 class Policy:
