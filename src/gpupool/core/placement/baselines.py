@@ -15,8 +15,10 @@ import random
 
 from gpupool.core.model import MILLI, DeviceShare, Request
 from gpupool.core.placement.devices import share_candidates
-from gpupool.core.placement.policies import Policy, register
+from gpupool.core.placement.policies import Policy, PolicyContext, register
 from gpupool.core.state import NodeState
+
+_Found = tuple[tuple[DeviceShare, ...], float] | None
 
 MAX_CPU = 128_000
 MAX_GPU = 8 * MILLI
@@ -75,6 +77,20 @@ class ClusteringPolicy(Policy):
     name = "clustering"
     ties = "order"
     state_only = False  # it looks at the kinds of work on a node, which its device state does not show
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        self._found: dict[tuple[int, int, Request, bool, frozenset[str]], _Found] = {}
+        """By node and its version within this cycle: a cycle's requests mostly repeat a few shapes, and
+        each placement changes one node, so most evaluations were made already."""
+
+    def evaluate(
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+    ) -> tuple[tuple[DeviceShare, ...], float] | None:
+        key = (node.idx, node.version, req, pipelined, models)
+        if key not in self._found:
+            self._found[key] = super().evaluate(node, req, pipelined, models)
+        return self._found[key]
 
     def score(self, node: NodeState, req: Request, shares: tuple[DeviceShare, ...]) -> float:
         if not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
