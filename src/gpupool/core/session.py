@@ -163,7 +163,10 @@ def derive_mix(snapshot: Snapshot, coverage_pct: int) -> TypicalMix:
 
 
 def derive_model_demand(snapshot: Snapshot) -> ModelDemand:
-    """The GPU work of the snapshot's own workloads, by the models each accepts."""
+    """The GPU work of the snapshot's own workloads, by the models each accepts. Without pinned work there
+    is no pressure to work out, so the common case costs one pass over the workloads and no more."""
+    if not any(w.gpu_models for w in snapshot.workloads):
+        return ()
     return model_demand((w.gpu_models, w.request.nominal_milli() * w.gang_size) for w in snapshot.workloads)
 
 

@@ -70,8 +70,13 @@ class FgdPolicy(Policy):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self.fragment = Fragmentation(ctx)
-        self._cache: dict[_Key, _Found] = ctx.memo.table(self.name, ctx.mix)
+        self._cache: dict[_Key, _Found] = ctx.memo.table(self.name, *self._scores_depend_on(ctx))
         """By node signature: nodes in identical states share their evaluations."""
+
+    def _scores_depend_on(self, ctx: PolicyContext) -> tuple[object, ...]:
+        """What, beside node state and request, the evaluations depend on: it keys the cache kept across
+        cycles."""
+        return (ctx.mix,)
 
     def evaluate(
         self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
@@ -158,7 +163,9 @@ class GpupoolPolicy(FgdPolicy):
             tables[shapes] = gap_waste(shapes)
         self.idle = ExpectedIdle(ctx.mix, tables[shapes], ctx.memo.table("expected-idle", ctx.mix))
         self.pressure = dict(ctx.model_pressure)
-        self._cache = ctx.memo.table(self.name, ctx.mix, tuple(sorted(self.pressure.items())))
+
+    def _scores_depend_on(self, ctx: PolicyContext) -> tuple[object, ...]:
+        return (ctx.mix, tuple(sorted(ctx.model_pressure.items())))
 
     def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
         if not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
