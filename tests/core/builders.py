@@ -12,6 +12,7 @@ from gpupool.core import (
     DeviceShare,
     Node,
     Placement,
+    PoolSettings,
     Queue,
     Quota,
     Request,
@@ -32,6 +33,7 @@ def milli(gpus: float | None) -> int | None:
 class Cluster:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
+        self.pool_settings: dict[str, PoolSettings] = {}
         self.queues: dict[str, Queue] = {}
         self.workloads: list[Workload] = []
         self.now = 1000.0
@@ -40,8 +42,9 @@ class Cluster:
 
     def pool(
         self, name: str, nodes: int = 1, gpus: int = 8, model: str = "H100", gpu_memory_gib: int = 80,
-        cpus: int = 64, memory_gib: int = 512,
+        cpus: int = 64, memory_gib: int = 512, share_across_projects: bool = False,
     ) -> Cluster:
+        self.pool_settings[name] = PoolSettings(share_across_projects=share_across_projects)
         start = sum(1 for n in self.nodes if n.pool == name)
         for i in range(start, start + nodes):
             devices = tuple(Device(d, model, gpu_memory_gib * 1024) for d in range(gpus))
@@ -94,18 +97,25 @@ class Cluster:
         return self
 
     def running(self, wid: str, project: str, node: str, devices: Iterable[int], **submit: object) -> Cluster:
-        """A workload already running on the given whole devices of one node."""
+        """A workload already running on the given devices of one node: whole ones, or its share of the one
+        device given when it asks for a fraction (`gpu=`) or GPU memory."""
         self.submit(wid, project, **submit)  # type: ignore[arg-type]
         w = self.workloads[-1]
         gpu = [d for n in self.nodes if n.name == node for d in n.devices if d.index in set(devices)]
-        shares = tuple(DeviceShare(d.index, MILLI, d.memory_mib) for d in gpu)
+        if w.request.gpu_milli or w.request.gpu_memory_mib:
+            shares = tuple(DeviceShare(d.index, *w.request.share_on(d.memory_mib)) for d in gpu[:1])
+        else:
+            shares = tuple(DeviceShare(d.index, MILLI, d.memory_mib) for d in gpu)
         self.workloads[-1] = dataclasses.replace(
             w, state=State.RUNNING, placements=(Placement(0, node, shares),), start_time=self.now
         )
         return self
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(tuple(self.nodes), tuple(self.queues.values()), tuple(self.workloads), now=self.now)
+        return Snapshot(
+            tuple(self.nodes), tuple(self.queues.values()), tuple(self.workloads), now=self.now,
+            pool_settings=dict(self.pool_settings),
+        )
 
 
 class Run:

@@ -209,6 +209,63 @@ def owed(before: Snapshot, used_before: Usage, pre: Workload, victim: Workload) 
     )
 
 
+# -- 8. devices shared across projects -------------------------------------------------------------------------------
+
+Holders = dict[tuple[str, int], set[str]]
+"""(node, device index) -> projects holding shares of it."""
+
+
+def _hold(holders: Holders, w: Workload, placements: Iterable[Placement]) -> None:
+    if w.request.kind in (GpuKind.FRACTION, GpuKind.MEMORY):
+        for p in placements:
+            for d in p.devices:
+                holders[p.node, d.index].add(w.project)
+
+
+def shared_across_projects(snapshot: Snapshot) -> list[tuple[str, int]]:
+    """Devices whose running shares belong to more than one project, in pools that do not allow it."""
+    holders: Holders = defaultdict(set)
+    for w in running(snapshot):
+        _hold(holders, w, w.placements)
+    pools = node_pools(snapshot)
+    return sorted(
+        key for key, projects in holders.items()
+        if len(projects) > 1 and not snapshot.pool(pools[key[0]]).share_across_projects
+    )  # fmt: skip
+
+
+def check_share_policy(before: Snapshot, decision: Decision) -> None:
+    """No share is placed beside another project's on a device of a pool that does not allow it. A bind
+    starts now: beside what holds the device now (releasing and just-evicted work included) and, later, what
+    is nominated there. A nominated placement starts once evictions finish: beside what stays."""
+    by_id = {w.id: w for w in before.workloads}
+    evicted = {e.workload for e in decision.evictions}
+    now: Holders = defaultdict(set)
+    later: Holders = defaultdict(set)
+    for w in before.workloads:
+        if w.state in (State.RUNNING, State.RELEASING):
+            _hold(now, w, w.placements)
+        if w.state is State.RUNNING and w.id not in evicted:
+            _hold(later, w, w.placements)
+    placed = [(by_id[b.workload], b.placements, True) for b in decision.binds]
+    placed += [(by_id[p.workload], p.nominated, False) for p in decision.pending if p.nominated and p.workload in by_id]
+    for w, placements, starts_now in placed:
+        if starts_now:
+            _hold(now, w, placements)
+        _hold(later, w, placements)
+    pools = node_pools(before)
+    for w, placements, starts_now in placed:
+        for p in placements:
+            if before.pool(pools[p.node]).share_across_projects:
+                continue
+            for d in p.devices if w.request.kind in (GpuKind.FRACTION, GpuKind.MEMORY) else ():
+                others = (later[p.node, d.index] | (now[p.node, d.index] if starts_now else set())) - {w.project}
+                assert not others, (
+                    f"{w.id} of {w.project} {'bound' if starts_now else 'nominated'} to device {d.index} of "
+                    f"{p.node} beside shares of {sorted(others)}; pool {pools[p.node]} does not share across projects"
+                )
+
+
 def check_decision(before: Snapshot, decision: Decision) -> None:
     by_id = {w.id: w for w in before.workloads}
     evicted = [e.workload for e in decision.evictions]
@@ -251,6 +308,7 @@ def check_decision(before: Snapshot, decision: Decision) -> None:
         if w.state is State.PENDING:
             assert w.id in pending or w.id in bound, f"{w.id} left pending with no reason"
     check_shares(before, decision)
+    check_share_policy(before, decision)
 
 
 def check_shares(before: Snapshot, decision: Decision) -> None:

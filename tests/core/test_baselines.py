@@ -26,7 +26,7 @@ def ctx(mix: tuple[tuple[Request, int], ...] = (), on_node: tuple[Request, ...] 
 
 
 def score(policy: Policy, n: NodeState, req: Request) -> float:
-    found = policy.evaluate(n, req, False, frozenset())
+    found = policy.evaluate(n, req, False, frozenset(), 0)
     assert found is not None
     return found[1]
 
@@ -82,7 +82,7 @@ def test_fgd_scores_the_sigmoid_of_the_fragment_decrease() -> None:
     n = node(gpus=2, used={0: 600})
     # before: 500-pod sees 400 stranded, 1-GPU pod 400 stranded -> 400; placing 300 on device 0 leaves 100:
     # after 100 (both) -> decrease 300; on device 1 -> 500-pod: 400+... device 1 free 700 -> fits 500, frag = 400
-    found = policy.evaluate(n, Request(gpu_milli=300), False, frozenset())
+    found = policy.evaluate(n, Request(gpu_milli=300), False, frozenset(), 0)
     assert found is not None
     shares, value = found
     assert shares[0].index == 0

@@ -15,6 +15,7 @@ from gpupool.core import (
     Device,
     Node,
     PendingCode,
+    PoolSettings,
     Queue,
     Quota,
     Request,
@@ -170,7 +171,8 @@ def scenario_st(draw: st.DrawFn, max_steps: int = 6, arrivals: bool = True) -> S
     actions = SchedulerConfig().actions + (("consolidate",) if draw(st.booleans()) else ())
     policy = draw(st.sampled_from(policy_names()))
     config = SchedulerConfig(policy=policy, actions=actions, seed=draw(st.integers(0, 9)))
-    return Scenario(Snapshot(nodes, queues, tuple(initial), now=now), tuple(steps), config)
+    sharing = {pool: PoolSettings(share_across_projects=draw(st.booleans())) for pool in pools}
+    return Scenario(Snapshot(nodes, queues, tuple(initial), now=now, pool_settings=sharing), tuple(steps), config)
 
 
 # -- driving ----------------------------------------------------------------------------------------------------
@@ -234,6 +236,7 @@ def test_invariants_hold_after_every_cycle(scenario: Scenario) -> None:
     for step in scenario.steps:
         snapshot = arrive(snapshot, step)
         _, snapshot = checked_cycle(snapshot, scenario.config, step.advance)
+        assert invariants.shared_across_projects(snapshot) == []
 
 
 @settings(SETTINGS, max_examples=100)

@@ -16,6 +16,7 @@ from gpupool.core import (
     DeviceShare,
     Node,
     Placement,
+    PoolSettings,
     Queue,
     Quota,
     Request,
@@ -84,7 +85,10 @@ def crowded_st(draw: st.DrawFn) -> Scenario:
     work += [Workload(f"a{i}", "owed", r, submit_time=NOW) for i, r in enumerate(arrivals)]
     config = SchedulerConfig(policy=draw(st.sampled_from(policy_names())), seed=draw(st.integers(0, 9)))
     steps = tuple(Step(float(draw(st.integers(1, 20))), (), ()) for _ in range(draw(st.integers(1, 4))))
-    return Scenario(Snapshot(nodes, tuple(queues), tuple(work), now=NOW), steps, config)
+    # Its halves share devices across projects: where the pool does not allow that, what runs stays, but no
+    # new share may join another project's (checked on every decision).
+    sharing = {"p0": PoolSettings(share_across_projects=draw(st.booleans()))}
+    return Scenario(Snapshot(nodes, tuple(queues), tuple(work), now=NOW, pool_settings=sharing), steps, config)
 
 
 @settings(SETTINGS, max_examples=500)

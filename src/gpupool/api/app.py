@@ -10,7 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpupool import __version__
 from gpupool.api.deps import Context
-from gpupool.api.routers import nodes, org, portal, system, workloads
+from gpupool.api.routers import nodes, org, pools, portal, system, workloads
 from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
 
@@ -63,7 +63,7 @@ def create_app(ctx: Context) -> FastAPI:
         return JSONResponse({"detail": exc.message}, status_code=exc.status)
 
     app.include_router(system.router)
-    for r in (org.router, workloads.router, nodes.router, portal.router):
+    for r in (org.router, workloads.router, nodes.router, pools.router, portal.router):
         app.include_router(r, prefix="/api/v1")
 
     # The portal: static files that hold no data; every figure they show comes from the API with the

@@ -291,3 +291,21 @@ class WhoAmI(Wire):
 class Health(Wire):
     status: Literal["ok"]
     version: str
+
+
+class PoolUpdate(Wire):
+    """What an admin may set for a pool; a field left out keeps its value."""
+
+    share_across_projects: bool | None = Field(None, strict=True)
+    """Whether fractions of different projects may share one device of the pool. Their memory and compute
+    are not isolated from each other, so pools do not allow it unless an admin says so."""
+
+
+class PoolPublic(Wire):
+    name: str
+    nodes: int
+    """Nodes that name this pool now."""
+    gpus: int
+    share_across_projects: bool
+    updated_at: float | None
+    """When an admin last changed its settings; null while it has the defaults."""

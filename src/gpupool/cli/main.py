@@ -32,7 +32,7 @@ def policies() -> None:
 
 
 def _register() -> None:
-    from gpupool.cli import admin, policy, server_cmd, simulate, workloads
+    from gpupool.cli import admin, policy, pools, server_cmd, simulate, workloads
 
     app.command()(server_cmd.server)
     app.command()(admin.login)
@@ -40,6 +40,7 @@ def _register() -> None:
     app.add_typer(admin.department_app, name="department")
     app.add_typer(admin.project_app, name="project")
     app.add_typer(admin.user_app, name="user")
+    app.add_typer(pools.pool_app, name="pool")
     admin.project_app.command("policy")(policy.policy)
     admin.department_app.command("policy")(policy.policy)
     app.add_typer(policy.report_app, name="report")

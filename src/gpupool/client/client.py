@@ -14,6 +14,8 @@ from gpupool.api.schemas import (
     Page,
     PolicyPublic,
     PolicyUpdate,
+    PoolPublic,
+    PoolUpdate,
     ProjectCreate,
     QueuePublic,
     QuotaUpdate,
@@ -167,6 +169,12 @@ class Client:
 
     def nodes(self) -> list[NodePublic]:
         return self._list(NodePublic, "/api/v1/nodes")
+
+    def list_pools(self) -> list[PoolPublic]:
+        return self._list(PoolPublic, "/api/v1/pools")
+
+    def update_pool(self, name: str, body: PoolUpdate) -> PoolPublic:
+        return self._send(PoolPublic, "PATCH", f"/api/v1/pools/{name}", body)
 
 
 def _project(project: str | None) -> dict[str, str]:

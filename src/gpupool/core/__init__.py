@@ -9,6 +9,7 @@ from gpupool.core.model import (
     DeviceShare,
     Node,
     Placement,
+    PoolSettings,
     Queue,
     Quota,
     Request,
@@ -20,6 +21,6 @@ from gpupool.core.placement.policies import policy_names
 
 __all__ = [
     "MILLI", "Bind", "Decision", "Device", "DeviceShare", "EvictReason", "Eviction", "Node", "Pending",
-    "PendingCode", "Placement", "Queue", "QueueShare", "Quota", "Request", "SchedulerConfig", "Snapshot",
-    "State", "Workload", "policy_names", "schedule",
+    "PendingCode", "Placement", "PoolSettings", "Queue", "QueueShare", "Quota", "Request", "SchedulerConfig",
+    "Snapshot", "State", "Workload", "policy_names", "schedule",
 ]

@@ -28,6 +28,9 @@ class PendingCode(enum.Enum):
     NO_NODE_FITS = "no-node-fits"
     NEVER_FITS = "never-fits"
     GANG_UNPLACEABLE = "gang-unplaceable"
+    NO_SHAREABLE_DEVICE = "no-shareable-device"
+    """It would fit on a device that other projects' shares hold, in a pool that does not share devices
+    across projects."""
     WAITING_FOR_EVICTIONS = "waiting-for-evictions"
     QUEUED_BEHIND = "queued-behind"
 

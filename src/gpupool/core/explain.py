@@ -52,6 +52,19 @@ def no_room(ws: WorkloadState) -> Pending:
     return Pending(w.id, PendingCode.NO_NODE_FITS, f"no node in {where(ws)} has {describe(w.request)}")
 
 
+def unshared(ws: WorkloadState, pool: str) -> Pending:
+    """It would fit, in `pool`, only beside other projects' shares, which the pool does not allow."""
+    w, req = ws.w, ws.w.request
+    free = f"{gpus(req.gpu_milli)} of a GPU" if req.gpu_milli else f"{req.gpu_memory_mib} MiB of GPU memory"
+    each = f" for each of its {w.gang_size} members" if w.gang_size > 1 else ""
+    return Pending(
+        w.id,
+        PendingCode.NO_SHAREABLE_DEVICE,
+        f"the only devices in {where(ws)} with {free} free{each} are shared with other projects; "
+        f"pool {pool} does not allow sharing a device across projects",
+    )
+
+
 def waiting(ws: WorkloadState, victims: int | None = None) -> Pending:
     what = f"{victims} evicted workload{'s' if victims != 1 else ''}" if victims else "evicted workloads"
     return Pending(

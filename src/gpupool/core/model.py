@@ -34,6 +34,18 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """What an admin sets for one pool of nodes."""
+
+    share_across_projects: bool = False
+    """Whether fractions of different projects may share one device. The workloads on a device share its
+    memory and compute without isolation, so by default a device's shares all belong to one project."""
+
+
+DEFAULT_POOL = PoolSettings()
+
+
+@dataclass(frozen=True, slots=True)
 class Quota:
     """A queue's quota in one pool: GPU in milli-GPU; CPU (millicores) and memory (MiB) where set."""
 
@@ -180,3 +192,8 @@ class Snapshot:
     queues: tuple[Queue, ...]
     workloads: tuple[Workload, ...]
     now: float = 0.0
+    pool_settings: Mapping[str, PoolSettings] = field(default_factory=dict)
+    """Per pool. A pool without an entry takes the defaults (its devices are not shared across projects)."""
+
+    def pool(self, name: str) -> PoolSettings:
+        return self.pool_settings.get(name, DEFAULT_POOL)

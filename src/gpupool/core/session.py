@@ -84,7 +84,10 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None 
     nodes_sorted = sorted(snapshot.nodes, key=lambda n: n.name)
     pools = sorted({n.pool for n in nodes_sorted})
     pool_index = {p: i for i, p in enumerate(pools)}
-    nodes = [NodeState(n, i, pool_index[n.pool]) for i, n in enumerate(nodes_sorted)]
+    exclusive = [not snapshot.pool(p).share_across_projects for p in pools]
+    nodes = [
+        NodeState(n, i, pool_index[n.pool], exclusive[pool_index[n.pool]]) for i, n in enumerate(nodes_sorted)
+    ]
     if len({n.name for n in nodes}) != len(nodes):
         raise ValueError("node names must be unique")
     workloads: list[WorkloadState] = []
@@ -106,7 +109,7 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None 
     state = WorkingState(
         tree=tree, pools=pools, nodes=nodes, node_by_name={n.name: n for n in nodes}, workloads=workloads,
         now=snapshot.now, used=[[0] * n_p for _ in range(n_q)], np_used=[[0] * n_p for _ in range(n_q)],
-        host_used=[[[0, 0, 0, 0] for _ in range(n_p)] for _ in range(n_q)],
+        host_used=[[[0, 0, 0, 0] for _ in range(n_p)] for _ in range(n_q)], exclusive=exclusive,
     )
     for ws in workloads:
         if ws.state is not State.PENDING:

@@ -14,11 +14,21 @@ from dataclasses import dataclass, field
 from gpupool.core.decision import Eviction
 from gpupool.core.model import MILLI, Node, Placement, Queue, Request, State, Workload
 
+ANY_PROJECT = -1
+"""In place of a project: a placement that ignores who else holds shares of a device (to explain a wait)."""
+NO_SHARER = -2
+"""`NodeState.sole`: no project holds shares on the node."""
+SEVERAL = -3
+"""`NodeState.sole`: more than one project holds shares on the node."""
+
 
 class DeviceState:
-    __slots__ = ("index", "memory", "model", "rel", "rel_mem", "rel_whole", "used", "used_mem", "whole")
+    __slots__ = (
+        "exclusive", "holders", "index", "memory", "model", "rel", "rel_holders", "rel_mem", "rel_whole", "used",
+        "used_mem", "whole",
+    )
 
-    def __init__(self, index: int, model: str, memory: int) -> None:
+    def __init__(self, index: int, model: str, memory: int, exclusive: bool = False) -> None:
         self.index = index
         self.model = model
         self.memory = memory
@@ -28,6 +38,12 @@ class DeviceState:
         self.rel = 0
         self.rel_mem = 0
         self.rel_whole = False
+        self.exclusive = exclusive
+        """Its pool does not allow sharing across projects: its shares must all be of one project."""
+        self.holders: dict[int, int] = {}
+        """Project (queue index) -> shares it holds here in `used`; kept only where `exclusive`."""
+        self.rel_holders: dict[int, int] = {}
+        """The same for the shares in `rel` (releasing)."""
 
     def whole_free(self, pipelined: bool) -> bool:
         return self.used == 0 and (pipelined or self.rel == 0)
@@ -40,6 +56,16 @@ class DeviceState:
         if self.rel_whole:
             return False
         return self.used + self.rel + milli <= MILLI and self.used_mem + self.rel_mem + mem <= self.memory
+
+    def admits(self, project: int, pipelined: bool) -> bool:
+        """Whether a share of `project` may join the shares here: always where the pool allows sharing across
+        projects, else only if every holder is of that project. A pipelined share starts once releasing work
+        is gone, so only the holders that stay count for it."""
+        if not self.exclusive or project == ANY_PROJECT:
+            return True
+        if any(q != project for q in self.holders):
+            return False
+        return pipelined or all(q == project for q in self.rel_holders)
 
     def free_milli(self) -> int:
         if self.whole or self.rel_whole:
@@ -56,6 +82,7 @@ class NodeState:
         "_summary_version",
         "cpu",
         "devices",
+        "exclusive",
         "idx",
         "memory",
         "models",
@@ -64,15 +91,17 @@ class NodeState:
         "pool_idx",
         "rel_cpu",
         "rel_memory",
+        "rel_sharers",
         "residents",
         "schedulable",
+        "sharers",
         "signature",
         "used_cpu",
         "used_memory",
         "version",
     )
 
-    def __init__(self, node: Node, idx: int, pool_idx: int) -> None:
+    def __init__(self, node: Node, idx: int, pool_idx: int, exclusive: bool = False) -> None:
         self.name = node.name
         self.idx = idx
         self.pool = node.pool
@@ -80,7 +109,13 @@ class NodeState:
         self.cpu = node.cpu_milli
         self.memory = node.memory_mib
         ordered = sorted(node.devices, key=lambda d: d.index)
-        self.devices = [DeviceState(d.index, d.model, d.memory_mib) for d in ordered]
+        self.devices = [DeviceState(d.index, d.model, d.memory_mib, exclusive) for d in ordered]
+        self.exclusive = exclusive
+        """Its pool does not allow sharing a device across projects (`DeviceState.admits`)."""
+        self.sharers: dict[int, int] = {}
+        """Where `exclusive`: project -> shares it holds on the node's devices (`used`)."""
+        self.rel_sharers: dict[int, int] = {}
+        """The same for releasing shares (`rel`)."""
         self._by_index = {d.index: d for d in self.devices}
         self.models = frozenset(d.model for d in node.devices)
         self.schedulable = node.schedulable
@@ -122,6 +157,36 @@ class NodeState:
             self._summary = (whole_now, whole_later, share_now, share_later)
             self._summary_version = self.version
         return self._summary
+
+    def admission(self, req: Request, project: int, pipelined: bool) -> tuple[bool, ...] | None:
+        """Which devices admit a share of `project` (`DeviceState.admits`), as a key that, with the node's
+        state, decides a placement (scorers key their caches on it): None when all do (no other project
+        holds shares here, or `req` asks for no share); () when those free of shares do (one other project
+        holds shares here, and `project` none: which devices that is follows from the node's state); else
+        which devices do."""
+        if not self.exclusive or project == ANY_PROJECT or not (req.gpu_milli or req.gpu_memory_mib):
+            return None
+        sole = self.sole(pipelined)
+        if sole in (NO_SHARER, project):
+            return None
+        if not self.holds(project, pipelined):
+            return ()
+        mask = tuple(d.admits(project, pipelined) for d in self.devices)
+        return None if all(mask) else mask
+
+    def sole(self, pipelined: bool) -> int:
+        """The one project holding shares on the node (releasing ones count unless `pipelined`): NO_SHARER
+        when none does, SEVERAL when more do. Kept only where `exclusive`."""
+        projects = self.sharers.keys() if pipelined else self.sharers.keys() | self.rel_sharers.keys()
+        if not projects:
+            return NO_SHARER
+        if len(projects) > 1:
+            return SEVERAL
+        return next(iter(projects))
+
+    def holds(self, project: int, pipelined: bool) -> bool:
+        """Whether `project` holds shares on the node (releasing ones count unless `pipelined`)."""
+        return project in self.sharers or (not pipelined and project in self.rel_sharers)
 
     def shared_devices(self) -> int:
         """Devices holding fractional work only (they could be freed whole by evicting their sharers)."""
@@ -233,6 +298,8 @@ class WorkingState:
     """Queue index -> pool index -> GPU milli charged (running, bound or pipelined)."""
     np_used: list[list[int]]
     """The non-preemptible part of `used`."""
+    exclusive: list[bool] = field(default_factory=list)
+    """Pool index -> whether its devices may not be shared across projects."""
     host_used: list[list[list[int]]] = field(default_factory=list)
     """Queue index -> pool index -> [CPU, memory, non-preemptible CPU, non-preemptible memory] charged."""
     evictions: list[Eviction] = field(default_factory=list)
@@ -359,6 +426,9 @@ class WorkingState:
                 d.rel_mem += sign * share.memory_mib
                 if whole:
                     d.rel_whole = sign > 0
+                elif d.exclusive:
+                    _count(d.rel_holders, ws.queue, sign)
+                    _count(node.rel_sharers, ws.queue, sign)
             return
         node.used_cpu += sign * req.cpu_milli
         node.used_memory += sign * req.memory_mib
@@ -368,9 +438,19 @@ class WorkingState:
             d.used_mem += sign * share.memory_mib
             if whole:
                 d.whole = sign > 0
+            elif d.exclusive:
+                _count(d.holders, ws.queue, sign)
+                _count(node.sharers, ws.queue, sign)
         count = node.residents.get(ws.idx, 0) + sign
         if count:
             node.residents[ws.idx] = count
         else:
             node.residents.pop(ws.idx, None)
 
+
+def _count(counts: dict[int, int], key: int, sign: int) -> None:
+    n = counts.get(key, 0) + sign
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]

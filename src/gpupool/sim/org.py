@@ -30,6 +30,7 @@ from gpupool.core import (
 from gpupool.core.placement.memo import Memo
 from gpupool.core.priority import BATCH, INTERACTIVE, PRODUCTION, TRAINING, PriorityClass
 from gpupool.sim.org_jobs import Organisation, OrgJob
+from gpupool.sim.pools import shared_pools
 
 CHECKPOINT_S = 1_800.0
 """Training and batch work checkpoints every 30 minutes; an eviction loses what came after."""
@@ -110,6 +111,7 @@ class OrgSim:
     def __init__(self, org: Organisation, regime: Regime, gpus: int, horizon: float, interval: float = 60.0) -> None:
         self.org, self.regime, self.gpus, self.horizon, self.interval = org, regime, gpus, horizon, interval
         self.nodes, self.queues = _cluster(org, regime, gpus)
+        self.pools = shared_pools(self.nodes)
         self.config = SchedulerConfig(actions=regime.actions)
         self.memo = Memo()
         self.records = {j.id: Record(j, remaining=j.work) for j in org.jobs}
@@ -174,7 +176,7 @@ class OrgSim:
         for _ in range(3):  # evictions release at once, so their preemptors can start in the same tick
             workloads = [self._workload(r) for r in (*self.running.values(), *self.pending.values())]
             decision = schedule(
-                Snapshot(self.nodes, self.queues, tuple(workloads), self.now), self.config, memo=self.memo
+                Snapshot(self.nodes, self.queues, tuple(workloads), self.now, self.pools), self.config, memo=self.memo
             )
             for e in decision.evictions:
                 rec = self.records[e.workload]

@@ -20,6 +20,7 @@ from gpupool.core import MILLI, Node, Queue, SchedulerConfig, Snapshot, State, W
 from gpupool.core.placement.memo import Memo
 from gpupool.core.placement.models import model_demand
 from gpupool.sim.fragmentation import ClusterGpus, typical_mix
+from gpupool.sim.pools import shared_pools
 from gpupool.sim.traces import Pod
 
 PROJECT = "trace"
@@ -93,6 +94,7 @@ def run_seed(
     memo = Memo()
     gpus = ClusterGpus(nodes)
     queue = (Queue(PROJECT),)
+    pools = shared_pools(nodes)
     running: list[Workload] = []
     samples: dict[int, list[float]] = {}
     frag: dict[int, tuple[float, int]] = {}
@@ -110,7 +112,7 @@ def run_seed(
             arrived += pod.gpu_request_milli
             batch.append(Workload(f"{i:06d}", PROJECT, pod.request(), gpu_models=pod.gpu_spec, submit_time=float(i)))
             i += 1
-        snapshot = Snapshot(nodes, queue, (*running, *batch), now=float(i))
+        snapshot = Snapshot(nodes, queue, (*running, *batch), now=float(i), pool_settings=pools)
         bound = {b.workload: b for b in schedule(snapshot, config, memo=memo).binds}
         allocated = gpus.allocated_milli()
         for w in batch:

@@ -7,8 +7,20 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.core import Device, DeviceShare, Node, Placement, Queue, Quota, Request, Snapshot, State, Workload
-from gpupool.store.tables import NodeRow, QueueRow, WorkloadRow
+from gpupool.core import (
+    Device,
+    DeviceShare,
+    Node,
+    Placement,
+    PoolSettings,
+    Queue,
+    Quota,
+    Request,
+    Snapshot,
+    State,
+    Workload,
+)
+from gpupool.store.tables import NodeRow, PoolRow, QueueRow, WorkloadRow
 
 PENDING_STATES = ("pending", "preempted", "suspended")
 RUNNING_STATES = ("starting", "running")
@@ -35,6 +47,14 @@ def core_nodes(session: Session) -> tuple[Node, ...]:
         )
         for n in session.scalars(select(NodeRow).order_by(NodeRow.name))
     )
+
+
+def core_pools(session: Session) -> dict[str, PoolSettings]:
+    """What admins set per pool; a pool without a row takes the core's defaults."""
+    return {
+        r.name: PoolSettings(share_across_projects=r.share_across_projects)
+        for r in session.scalars(select(PoolRow).order_by(PoolRow.name))
+    }
 
 
 def core_queues(session: Session) -> tuple[Queue, ...]:
@@ -88,4 +108,4 @@ def build_snapshot(session: Session, active: Sequence[WorkloadRow], now: float) 
     queues = core_queues(session)
     names = {r.id: r.name for r in session.scalars(select(QueueRow))}
     workloads = tuple(core_workload(r, names[r.project_id]) for r in active)
-    return Snapshot(core_nodes(session), queues, workloads, now)
+    return Snapshot(core_nodes(session), queues, workloads, now, pool_settings=core_pools(session))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -63,6 +63,17 @@ class NodeRow(Base):
     memory_mib: Mapped[int] = mapped_column(BigInteger)
     schedulable: Mapped[bool] = mapped_column(Boolean, default=True)
     devices: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class PoolRow(Base):
+    """What an admin set for a pool. Nodes name their pool; a pool without a row has the defaults."""
+
+    __tablename__ = "pools"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    share_across_projects: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Whether fractions of different projects may share a device (their memory and compute are not isolated)."""
+    created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 
 

@@ -1,19 +1,22 @@
 """Allocate: place waiting workloads on free capacity, projects taking turns by fair share.
 
 A workload that does not fit now but fits once releasing workloads are gone is pipelined onto their
-capacity, so nothing else takes what it waits for.
+capacity, so nothing else takes what it waits for. A share that would fit only beside other projects'
+shares, in a pool that does not share devices across projects, is told so (`explain.unshared`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from gpupool.core import explain, quota
 from gpupool.core.decision import Pending, PendingCode
-from gpupool.core.model import Placement, State
+from gpupool.core.model import GpuKind, Placement, State
 from gpupool.core.ordering import FairOrder, workload_key
 from gpupool.core.session import Session
-from gpupool.core.state import WorkloadState
+from gpupool.core.state import ANY_PROJECT, WorkingState, WorkloadState
 
 
 def allocate(session: Session) -> None:
@@ -55,13 +58,20 @@ def try_allocate(
         assert first is not None
         session.pending[ws.idx] = Pending(w.id, first.code, first.message)
         return False
-    shape = (w.request, w.pools, w.gpu_models, w.gang_size, tuple(v is None for v in verdicts))
+
+    def pool_ok(p: int) -> bool:
+        return verdicts[p] is None
+
+    # Failures are remembered by shape: for everyone's (`anyone`) where nothing fits even ignoring whose
+    # shares a device holds, else for the project's own (`shape`, see `_tenant`).
+    anyone = (w.request, w.pools, w.gpu_models, w.gang_size, tuple(v is None for v in verdicts), ANY_PROJECT)
+    shape = (*anyone[:-1], _tenant(state, ws))
     for pipelined in (False, True):
         if pipelined and not has_releasing:
             break
-        if (shape, pipelined) in failed:
+        if (shape, pipelined) in failed or (anyone, pipelined) in failed:
             continue
-        placements = placer.place(ws, pipelined, lambda p: verdicts[p] is None, only)
+        placements = placer.place(ws, pipelined, pool_ok, only)
         if placements is None:
             failed.add((shape, pipelined))
             continue
@@ -76,8 +86,41 @@ def try_allocate(
         if pipelined:
             session.pending[ws.idx] = explain.waiting(ws)
         return True
-    session.pending[ws.idx] = explain.no_room(ws)
+    if shape[-1] == ANY_PROJECT:
+        session.pending[ws.idx] = explain.no_room(ws)
+    else:
+        session.pending[ws.idx] = _unshared(session, ws, pool_ok, only, anyone, failed, has_releasing)
     return False
+
+
+def _tenant(state: WorkingState, ws: WorkloadState) -> int:
+    """Whose shares a device may hold decides where `ws` fits: its project where that can matter (it asks
+    for a share and some pool does not share devices across projects), else no one's."""
+    if ws.w.request.kind in (GpuKind.FRACTION, GpuKind.MEMORY) and any(state.exclusive):
+        return ws.queue
+    return ANY_PROJECT
+
+
+def _unshared(
+    session: Session,
+    ws: WorkloadState,
+    pool_ok: Callable[[int], bool],
+    only: set[int] | None,
+    anyone: tuple[object, ...],
+    failed: set[tuple[object, ...]],
+    has_releasing: bool,
+) -> Pending:
+    """Why a share found no room: the share rule alone where it would fit if other projects' shares were no
+    bar, else no room at all. Where nothing fits even so, nothing fits for any project: that is remembered
+    (the cluster only fills up while allocate runs)."""
+    for pipelined in (False, True) if has_releasing else (False,):
+        if (anyone, pipelined) in failed:
+            continue
+        found = session.placer.place(ws, pipelined, pool_ok, only, share_rule=False)
+        if found is not None:
+            return explain.unshared(ws, session.state.node_by_name[found[0].node].pool)
+        failed.add((anyone, pipelined))
+    return explain.no_room(ws)
 
 
 def _claim_nominations(session: Session, has_releasing: bool) -> None:

@@ -81,11 +81,11 @@ def _move_off(session: Session, node: NodeState, movable: list[WorkloadState], w
     for v in movable:
         state.evict(v, Eviction(v.w.id, EvictReason.CONSOLIDATE, message, preemptor=ws.w.id))
         evicted.append(v)
-        if node.fits_host(req, True) and policy.evaluate(node, req, True, models) is not None:
+        if node.fits_host(req, True) and policy.evaluate(node, req, True, models, ws.queue) is not None:
             break
     else:
         return 0
-    found = policy.evaluate(node, req, True, models)
+    found = policy.evaluate(node, req, True, models, ws.queue)
     assert found is not None
     target = Placement(0, node.name, found[0])
     state.hold(ws, target)

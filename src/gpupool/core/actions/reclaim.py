@@ -36,7 +36,7 @@ from gpupool.core.state import WorkloadState
 RELAXATIONS = ("young", "straddle", "sibling")
 """What a quota reclaim relaxes, one step at a time after the usual rules."""
 
-RETRYABLE = (PendingCode.NO_NODE_FITS, PendingCode.GANG_UNPLACEABLE)
+RETRYABLE = (PendingCode.NO_NODE_FITS, PendingCode.GANG_UNPLACEABLE, PendingCode.NO_SHAREABLE_DEVICE)
 """Reasons eviction can cure. Queued-behind (a strict-FIFO head waits) is not one: the head goes first."""
 
 

@@ -49,11 +49,14 @@ class RandomPolicy(Policy):
         shares: tuple[DeviceShare, ...],
         pipelined: bool,
         models: frozenset[str],
+        project: int,
         rng: random.Random,
     ) -> tuple[DeviceShare, ...]:
         if req.gpus or not shares:
             return shares
-        options = [DeviceShare(d.index, m, mem) for d, m, mem in share_candidates(node, req, pipelined, models)]
+        options = [
+            DeviceShare(d.index, m, mem) for d, m, mem in share_candidates(node, req, pipelined, models, project)
+        ]
         return (options[rng.randrange(len(options))],) if options else shares
 
 
@@ -80,16 +83,16 @@ class ClusteringPolicy(Policy):
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
-        self._found: dict[tuple[int, int, Request, bool, frozenset[str]], _Found] = {}
+        self._found: dict[tuple[int, int, Request, bool, frozenset[str], tuple[bool, ...] | None], _Found] = {}
         """By node and its version within this cycle: a cycle's requests mostly repeat a few shapes, and
         each placement changes one node, so most evaluations were made already."""
 
     def evaluate(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
     ) -> tuple[tuple[DeviceShare, ...], float] | None:
-        key = (node.idx, node.version, req, pipelined, models)
+        key = (node.idx, node.version, req, pipelined, models, node.admission(req, project, pipelined))
         if key not in self._found:
-            self._found[key] = super().evaluate(node, req, pipelined, models)
+            self._found[key] = super().evaluate(node, req, pipelined, models, project)
         return self._found[key]
 
     def score(self, node: NodeState, req: Request, shares: tuple[DeviceShare, ...]) -> float:

@@ -17,14 +17,15 @@ def free_whole_devices(node: NodeState, pipelined: bool, models: frozenset[str])
 
 
 def share_candidates(
-    node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+    node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
 ) -> Iterable[tuple[DeviceState, int, int]]:
-    """Devices that can take a fractional or memory request, with the (milli, MiB) it would take of each."""
+    """Devices that can take a fractional or memory request of `project`, with the (milli, MiB) it would take
+    of each: room, and no other project's shares where the pool does not share devices across projects."""
     for d in node.devices:
         if not allowed(d, models):
             continue
         milli, mem = req.share_on(d.memory)
-        if milli <= MILLI and d.fits_share(milli, mem, pipelined):
+        if milli <= MILLI and d.fits_share(milli, mem, pipelined) and d.admits(project, pipelined):
             yield d, milli, mem
 
 

@@ -17,7 +17,7 @@ from gpupool.core.placement.policies import Policy, PolicyContext, register
 from gpupool.core.state import NodeState
 
 _Found = tuple[tuple[DeviceShare, ...] | None, float]
-_Key = tuple[int, Request, bool, frozenset[str]]
+_Key = tuple[int, Request, bool, frozenset[str], tuple[bool, ...] | None]
 _Host = tuple[list[int], int, int, int]
 """A node's free resources as the fragment and idle measures read them: milli-GPU free per device, CPU free,
 memory free, memory per device."""
@@ -71,7 +71,8 @@ class FgdPolicy(Policy):
         super().__init__(ctx)
         self.fragment = Fragmentation(ctx)
         self._cache: dict[_Key, _Found] = ctx.memo.table(self.name, *self._scores_depend_on(ctx))
-        """By node signature: nodes in identical states share their evaluations."""
+        """By node signature (and which devices admit the project's shares): nodes in identical states share
+        their evaluations."""
 
     def _scores_depend_on(self, ctx: PolicyContext) -> tuple[object, ...]:
         """What, beside node state and request, the evaluations depend on: it keys the cache kept across
@@ -79,20 +80,20 @@ class FgdPolicy(Policy):
         return (ctx.mix,)
 
     def evaluate(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
     ) -> tuple[tuple[DeviceShare, ...], float] | None:
         if node.signature < 0:
-            shares, value = self._compute(node, req, pipelined, models)
+            shares, value = self._compute(node, req, pipelined, models, project)
         else:
-            key = (node.signature, req, pipelined, models)
+            key = (node.signature, req, pipelined, models, node.admission(req, project, pipelined))
             found = self._cache.get(key)
             if found is None:
-                found = self._cache[key] = self._compute(node, req, pipelined, models)
+                found = self._cache[key] = self._compute(node, req, pipelined, models, project)
             shares, value = found
         return None if shares is None else (shares, value)
 
     def _options(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
     ) -> tuple[_Host, list[tuple[tuple[DeviceShare, ...], _Host]]]:
         """The node's free resources now, and each way to place the request on it with what it leaves free."""
         before = _host(node)
@@ -109,7 +110,7 @@ class FgdPolicy(Policy):
             return before, [(shares, (after, cpu_after, mem_after, mem_dev))]
         if req.gpu_milli or req.gpu_memory_mib:
             out: list[tuple[tuple[DeviceShare, ...], _Host]] = []
-            for d, milli, mem in share_candidates(node, req, pipelined, models):
+            for d, milli, mem in share_candidates(node, req, pipelined, models, project):
                 after = list(free)
                 pos = _position(node, d.index)
                 after[pos] = max(0, after[pos] - milli)
@@ -117,9 +118,11 @@ class FgdPolicy(Policy):
             return before, out
         return before, [((), (free, cpu_after, mem_after, mem_dev))]
 
-    def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
+    def _compute(
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
+    ) -> _Found:
         best: _Found = (None, 0.0)
-        before, options = self._options(node, req, pipelined, models)
+        before, options = self._options(node, req, pipelined, models, project)
         fragment = self.fragment(*before)
         for shares, after in options:
             value = _score(fragment - self.fragment(*after))
@@ -167,14 +170,16 @@ class GpupoolPolicy(FgdPolicy):
     def _scores_depend_on(self, ctx: PolicyContext) -> tuple[object, ...]:
         return (ctx.mix, tuple(sorted(ctx.model_pressure.items())))
 
-    def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]) -> _Found:
+    def _compute(
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
+    ) -> _Found:
         if not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
-            shares, value = super()._compute(node, req, pipelined, models)
+            shares, value = super()._compute(node, req, pipelined, models, project)
             if shares is not None:
                 value -= node.gpu_milli_free() * _GPU_FREE_STEP
             return shares, value
         best: _Found = (None, 0.0)
-        before, options = self._options(node, req, pipelined, models)
+        before, options = self._options(node, req, pipelined, models, project)
         fragment, idle = self.fragment(*before), self.idle(*before)
         for shares, after in options:
             cost = self.idle(*after) - idle + self._displaced(node, shares)

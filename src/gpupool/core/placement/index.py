@@ -2,7 +2,9 @@
 
 The working state marks a node dirty whenever its occupancy changes; the index refreshes dirty rows before
 answering. Each node also gets a signature: nodes with equal signatures are indistinguishable to any
-policy that scores by node state alone, so such a policy needs to score only one node per signature.
+policy that scores by node state alone, so such a policy needs to score only one node per signature. In a
+pool that does not share devices across projects a share also depends on who holds the node's other shares
+(`DeviceState.admits`); `groups` adds that, relative to the project placing.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.model import MILLI, Request
-from gpupool.core.state import NodeState
+from gpupool.core.state import ANY_PROJECT, NO_SHARER, SEVERAL, NodeState
 
 IntArray = npt.NDArray[np.int64]
 
@@ -29,6 +31,10 @@ class NodeIndex:
         self.mem_now = np.zeros(n, np.int64)
         self.mem_later = np.zeros(n, np.int64)
         self.signature = np.zeros(n, np.int64)
+        self.sole_now = np.full(n, NO_SHARER, np.int64)
+        self.sole_later = np.full(n, NO_SHARER, np.int64)
+        """`NodeState.sole`, for placements now and pipelined ones; NO_SHARER where devices are shared freely."""
+        self.exclusive = any(node.exclusive for node in nodes)
         self.schedulable = np.array([node.schedulable for node in nodes], dtype=bool)
         self._signatures = signatures
         self.dirty = dirty
@@ -50,6 +56,8 @@ class NodeIndex:
                 tuple((d.index, d.model, d.memory, d.used, d.used_mem, d.whole, d.rel, d.rel_mem, d.rel_whole)
                       for d in node.devices),
             )
+            if node.exclusive:
+                self.sole_now[i], self.sole_later[i] = node.sole(False), node.sole(True)
             sig = self._signatures.setdefault(key, len(self._signatures))
             self.signature[i] = sig
             node.signature = sig
@@ -69,7 +77,24 @@ class NodeIndex:
             mask &= (self.share_later if pipelined else self.share_now)[rows] >= need
         return rows[mask]
 
-    def distinct(self, rows: IntArray) -> IntArray:
-        """The first (lowest) row of each signature among `rows`, in ascending order."""
-        _, first = np.unique(self.signature[rows], return_index=True)
+    def groups(self, rows: IntArray, req: Request, project: int, pipelined: bool) -> IntArray:
+        """Per row, a key equal for nodes that a policy scoring by node state alone scores alike for a member
+        of `project`: the signature, and for a share where devices are not shared across projects, which of
+        them admit it (`NodeState.admission`). That is all of them where no other project holds shares on
+        the node; those free of shares where others do and the project does not (a function of the
+        signature); it depends on each device where the project and others do, and such a node is a group
+        of its own."""
+        signature = self.signature[rows]
+        if not self.exclusive or project == ANY_PROJECT or not (req.gpu_milli or req.gpu_memory_mib):
+            return signature
+        sole = (self.sole_later if pipelined else self.sole_now)[rows]
+        admits = np.where((sole == NO_SHARER) | (sole == project), 0, 1)
+        for k in np.flatnonzero(sole == SEVERAL).tolist():
+            if self.nodes[rows[k]].holds(project, pipelined):
+                admits[k] = 2 + rows[k]
+        return signature * (len(self.nodes) + 2) + admits
+
+    def distinct(self, rows: IntArray, keys: IntArray) -> IntArray:
+        """The first (lowest) row of each key (`groups`) among `rows`, in ascending order."""
+        _, first = np.unique(keys, return_index=True)
         return np.sort(rows[first])

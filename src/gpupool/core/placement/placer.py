@@ -12,7 +12,7 @@ from gpupool.core.model import DeviceShare, Placement, Request
 from gpupool.core.placement.devices import could_ever_fit
 from gpupool.core.placement.index import IntArray, NodeIndex
 from gpupool.core.placement.policies import Policy
-from gpupool.core.state import NodeState, WorkingState, WorkloadState
+from gpupool.core.state import ANY_PROJECT, NodeState, WorkingState, WorkloadState
 
 
 class Placer:
@@ -89,44 +89,57 @@ class Placer:
         return parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
 
     def place(
-        self, ws: WorkloadState, pipelined: bool, pool_ok: Callable[[int], bool], only: set[int] | None = None
+        self,
+        ws: WorkloadState,
+        pipelined: bool,
+        pool_ok: Callable[[int], bool],
+        only: set[int] | None = None,
+        share_rule: bool = True,
     ) -> tuple[Placement, ...] | None:
-        """Place every member in the first group that takes them all; `only` restricts the nodes."""
+        """Place every member in the first group that takes them all; `only` restricts the nodes. Without
+        `share_rule` it ignores whose shares a device holds, to tell whether that rule alone is in the way."""
         for group in self.pools_of(ws):
             rows = self.rows(group, pool_ok)
             if rows is not None and only is not None:
                 rows = rows[np.isin(rows, sorted(only))]
             if rows is None or not len(rows):
                 continue
-            placements = self.place_in(ws, rows, pipelined)
+            placements = self.place_in(ws, rows, pipelined, share_rule)
             if placements is not None:
                 return placements
         return None
 
-    def fitting(self, rows: IntArray, req: Request, pipelined: bool, distinct: bool) -> list[NodeState]:
-        """Nodes among `rows` with room for one member; one per signature if `distinct` and the policy allows."""
+    def fitting(
+        self, rows: IntArray, req: Request, pipelined: bool, distinct: bool, project: int
+    ) -> list[NodeState]:
+        """Nodes among `rows` with room for one member of `project`; one per group (`NodeIndex.groups`) if
+        `distinct` and the policy allows."""
         fit = self.index.fitting(rows, req, pipelined)
         if distinct and self.policy.state_only and len(fit) > 1:
-            fit = self.index.distinct(fit)
+            fit = self.index.distinct(fit, self.index.groups(fit, req, project, pipelined))
         nodes = self.state.nodes
         return [nodes[i] for i in fit.tolist()]
 
-    def place_in(self, ws: WorkloadState, rows: IntArray, pipelined: bool) -> tuple[Placement, ...] | None:
+    def place_in(
+        self, ws: WorkloadState, rows: IntArray, pipelined: bool, share_rule: bool = True
+    ) -> tuple[Placement, ...] | None:
         w = ws.w
         models = frozenset(w.gpu_models)
+        project = ws.queue if share_rule else ANY_PROJECT
         if w.gang_size > 1:
-            return self._place_gang(ws, rows, pipelined, models)
+            return self._place_gang(ws, rows, pipelined, models, project)
         req = w.request
         fit = self.index.fitting(rows, req, pipelined)
         if not len(fit):
             return None
         policy = self.policy
-        reps = self.index.distinct(fit) if policy.state_only and len(fit) > 1 else fit
+        groups = self.index.groups(fit, req, project, pipelined) if policy.state_only and len(fit) > 1 else None
+        reps = fit if groups is None else self.index.distinct(fit, groups)
         nodes = self.state.nodes
         best_score: float | None = None
         best: list[tuple[int, tuple[DeviceShare, ...]]] = []
         for i in reps.tolist():
-            found = policy.evaluate(nodes[i], req, pipelined, models)
+            found = policy.evaluate(nodes[i], req, pipelined, models, project)
             if found is None:
                 continue
             if best_score is None or found[1] > best_score:
@@ -138,18 +151,19 @@ class Placer:
         if policy.ties == "lowest":
             i, shares = best[0]  # the lowest index among the best
             return (Placement(0, nodes[i].name, shares),)
-        if reps is fit:
+        if groups is None:
             tied = [i for i, _ in best]
-        else:  # every node in the same state as a best representative ties with it
-            tied = fit[np.isin(self.index.signature[fit], [self.index.signature[i] for i, _ in best])].tolist()
+        else:  # every node in the same group as a best representative ties with it
+            where = np.searchsorted(fit, [i for i, _ in best])
+            tied = fit[np.isin(groups, groups[where])].tolist()
         rng = random.Random(f"{policy.ctx.seed}:{w.id}")
         if policy.ties == "random":
             node = nodes[tied[rng.randrange(len(tied))]]
         else:
             node = nodes[min(tied, key=self._tie_rank)]
-        found = policy.evaluate(node, req, pipelined, models)
+        found = policy.evaluate(node, req, pipelined, models, project)
         assert found is not None
-        return (Placement(0, node.name, policy.finalize(node, req, found[0], pipelined, models, rng)),)
+        return (Placement(0, node.name, policy.finalize(node, req, found[0], pipelined, models, project, rng)),)
 
     def _tie_rank(self, i: int) -> int:
         """A node's place in a fixed order drawn from the seed (the node order of the FGD simulator's run)."""
@@ -159,7 +173,7 @@ class Placer:
         return rank
 
     def _place_gang(
-        self, ws: WorkloadState, rows: IntArray, pipelined: bool, models: frozenset[str]
+        self, ws: WorkloadState, rows: IntArray, pipelined: bool, models: frozenset[str], project: int
     ) -> tuple[Placement, ...] | None:
         req = ws.w.request
         state = self.state
@@ -172,8 +186,8 @@ class Placer:
                 best_key: tuple[bool, int, float, int] | None = None
                 best: Placement | None = None
                 best_node: NodeState | None = None
-                for node in self.fitting(rows, req, pipelined, distinct=False):
-                    found = self.policy.evaluate(node, req, pipelined, models)
+                for node in self.fitting(rows, req, pipelined, False, project):
+                    found = self.policy.evaluate(node, req, pipelined, models, project)
                     if found is None:
                         continue
                     room = min(remaining, _members_now(node, req, pipelined))

@@ -1,8 +1,10 @@
 """The placement policy interface and registry: policies are chosen by name so the simulator can compare them.
 
-A policy picks the devices of one node for one member (`choose`) and scores that choice (`score`, higher is
-better), or does both at once (`evaluate`). Among the best-scoring nodes the placer takes the one its `ties`
-rule names; the random ones are drawn from the config seed, so a snapshot's decision is fixed either way.
+A policy picks the devices of one node for one member of a project's workload (`choose`) and scores that
+choice (`score`, higher is better), or does both at once (`evaluate`). The project matters only for shares
+in pools that do not share devices across projects (`DeviceState.admits`). Among the best-scoring nodes
+the placer takes the one its `ties` rule names; the random ones are drawn from the config seed, so a
+snapshot's decision is fixed either way.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class Policy:
         self.ctx = ctx
 
     def choose(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
     ) -> tuple[DeviceShare, ...] | None:
         if req.gpus:
             free = free_whole_devices(node, pipelined, models)
@@ -83,7 +85,7 @@ class Policy:
             return whole_shares(free[: req.gpus])
         if req.gpu_milli or req.gpu_memory_mib:
             best: tuple[int, int, int, int] | None = None
-            for d, milli, mem in share_candidates(node, req, pipelined, models):
+            for d, milli, mem in share_candidates(node, req, pipelined, models, project):
                 key = (-(d.used + d.rel), d.index, milli, mem)  # fullest device that still fits
                 if best is None or key < best:
                     best = key
@@ -96,10 +98,11 @@ class Policy:
         return 0.0
 
     def evaluate(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str]
+        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
     ) -> tuple[tuple[DeviceShare, ...], float] | None:
-        """The devices this policy would use on `node` and its score there, or None if it does not fit."""
-        shares = self.choose(node, req, pipelined, models)
+        """The devices this policy would use on `node` for a member of `project`, and its score there, or
+        None if it does not fit."""
+        shares = self.choose(node, req, pipelined, models, project)
         if shares is None:
             return None
         return shares, self.score(node, req, shares)
@@ -111,6 +114,7 @@ class Policy:
         shares: tuple[DeviceShare, ...],
         pipelined: bool,
         models: frozenset[str],
+        project: int,
         rng: random.Random,
     ) -> tuple[DeviceShare, ...]:
         """The devices actually used on the chosen node (a policy may pick among equals at random)."""

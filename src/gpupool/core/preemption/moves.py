@@ -109,7 +109,7 @@ def _options(session: Session, ws: WorkloadState, rows: IntArray, eligible: Elig
         )
         if not movers:
             continue
-        chosen = victims_on(node, victims + movers, req, models)
+        chosen = victims_on(node, victims + movers, req, models, ws.queue)
         if chosen is None:
             continue
         moved = [v for v in chosen if v.idx not in taken]
@@ -150,7 +150,7 @@ def _carry_out(
             state.evict(v, Eviction(v.w.id, EvictReason.RECLAIM, message, preemptor=ws.w.id))
         else:
             return False
-    found = fits_on(session, node, ws.w.request, frozenset(ws.w.gpu_models))
+    found = fits_on(session, node, ws)
     if found is None:
         return False
     target = Placement(0, node.name, found[0])
@@ -192,5 +192,5 @@ def _room_for(
     freed = evict_for(session, m, search, set())
     if freed is None:
         return None
-    found = fits_on(session, freed, m.w.request, frozenset(m.w.gpu_models))
+    found = fits_on(session, freed, m)
     return None if found is None else (Placement(0, freed.name, found[0]),)

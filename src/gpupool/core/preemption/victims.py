@@ -3,7 +3,9 @@
 Each member is tried on every node: as is, or after evicting eligible residents cheapest first (lowest
 priority, then most recently started), with the set then minimised by dropping any victim the member
 does not need. The node with the cheapest set wins. Nothing is kept unless every member is placed and
-the caller's final check passes: a preemptor never evicts anything it cannot then use.
+the caller's final check passes: a preemptor never evicts anything it cannot then use. In a pool that does
+not share devices across projects, a member's share may use a device only if what stays on it once the
+victims leave is all of its own project.
 """
 
 from __future__ import annotations
@@ -91,16 +93,15 @@ class Search:
 
 def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple[Placement, ...] | None:
     state = session.state
-    req, models = ws.w.request, frozenset(ws.w.gpu_models)
     placements: list[Placement] = []
     used_nodes: set[int] = set()
     for member in range(ws.w.gang_size):
-        node = _plain_fit(session, search.rows, req, models, used_nodes, distinct=ws.w.gang_size == 1)
+        node = _plain_fit(session, search.rows, ws, used_nodes, distinct=ws.w.gang_size == 1)
         if node is None:
             node = evict_for(session, ws, search, used_nodes)
         if node is None:
             return None
-        found = fits_on(session, node, req, models)
+        found = fits_on(session, node, ws)
         assert found is not None
         p = Placement(member, node.name, found[0])
         state.hold(ws, p)
@@ -124,7 +125,7 @@ def evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: s
         candidates = _candidates(state, node, eligible)
         if not candidates or not _may_free_enough(node, candidates, req):
             continue
-        chosen = victims_on(node, candidates, req, models)
+        chosen = victims_on(node, candidates, req, models, ws.queue)
         if chosen is None:
             continue
         key = (
@@ -142,7 +143,7 @@ def evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: s
                 break  # an earlier victim (its project's floor, a gang already taken) rules this one out now
             state.evict(v, Eviction(v.w.id, search.reason, search.message, preemptor=search.preemptor or ws.w.id))
         else:
-            found = fits_on(session, node, req, models)
+            found = fits_on(session, node, ws)
             if found is not None and (search.accept is None or _accepts(session, ws, node, found[0], search.accept)):
                 return node
         state.rollback(checkpoint)
@@ -173,13 +174,14 @@ def _accepts(
 
 
 def _plain_fit(
-    session: Session, rows: IntArray, req: Request, models: frozenset[str], used_nodes: set[int], distinct: bool
+    session: Session, rows: IntArray, ws: WorkloadState, used_nodes: set[int], distinct: bool
 ) -> NodeState | None:
     """The best node that takes the member without evictions (counting releasing capacity as free)."""
+    req, models = ws.w.request, frozenset(ws.w.gpu_models)
     best: NodeState | None = None
     best_key: tuple[bool, float, int] | None = None
-    for node in session.placer.fitting(rows, req, True, distinct):
-        found = session.placer.policy.evaluate(node, req, True, models)
+    for node in session.placer.fitting(rows, req, True, distinct, ws.queue):
+        found = session.placer.policy.evaluate(node, req, True, models, ws.queue)
         if found is None:
             continue
         key = (node.idx in used_nodes, found[1], -node.idx)
@@ -188,10 +190,12 @@ def _plain_fit(
     return best
 
 
-def fits_on(session: Session, node: NodeState, req: Request, models: frozenset[str]) -> tuple[tuple, float] | None:  # type: ignore[type-arg]
+def fits_on(session: Session, node: NodeState, ws: WorkloadState) -> tuple[tuple[DeviceShare, ...], float] | None:
+    """Where one member of `ws` would go on `node` once releasing work is gone, and its score; None if nowhere."""
+    req = ws.w.request
     if not node.could_host(req, True):
         return None
-    return session.placer.policy.evaluate(node, req, True, models)
+    return session.placer.policy.evaluate(node, req, True, frozenset(ws.w.gpu_models), ws.queue)
 
 
 def _candidates(state: WorkingState, node: NodeState, eligible: Eligible) -> list[WorkloadState]:
@@ -215,14 +219,18 @@ def _may_free_enough(node: NodeState, candidates: list[WorkloadState], req: Requ
 class _NodeModel:
     """Just enough of a node to ask 'does the member fit if these workloads leave?' without the journal."""
 
-    __slots__ = ("cpu", "devices", "memory", "node", "req")
+    __slots__ = ("cpu", "devices", "holders", "memory", "node", "project", "req")
 
-    def __init__(self, node: NodeState, req: Request, models: frozenset[str]) -> None:
-        self.node, self.req = node, req
+    def __init__(self, node: NodeState, req: Request, models: frozenset[str], project: int) -> None:
+        self.node, self.req, self.project = node, req, project
         self.cpu, self.memory = node.used_cpu, node.used_memory
         self.devices = {
             d.index: [d.used, d.used_mem, d.whole, d.memory] for d in node.devices if not models or d.model in models
         }
+        self.holders: dict[int, dict[int, int]] = {}
+        """Where the pool does not share devices across projects: device -> project -> shares it holds."""
+        if node.exclusive and (req.gpu_milli or req.gpu_memory_mib):
+            self.holders = {d.index: dict(d.holders) for d in node.devices if d.index in self.devices}
 
     def remove(self, v: WorkloadState, sign: int = 1) -> None:
         for p in v.placements:
@@ -237,6 +245,14 @@ class _NodeModel:
                     d[1] -= sign * s.memory_mib
                     if v.w.request.gpus:
                         d[2] = sign < 0
+                    elif s.index in self.holders:
+                        held = self.holders[s.index]
+                        held[v.queue] = held.get(v.queue, 0) - sign
+
+    def admits(self, index: int) -> bool:
+        """Whether the device's remaining shares are all of the member's project (where that matters)."""
+        held = self.holders.get(index)
+        return held is None or all(q == self.project or not n for q, n in held.items())
 
     def fits(self) -> bool:
         req, node = self.req, self.node
@@ -245,19 +261,20 @@ class _NodeModel:
         if req.gpus:
             return sum(1 for d in self.devices.values() if d[0] == 0) >= req.gpus
         if req.gpu_milli or req.gpu_memory_mib:
-            for used, used_mem, whole, memory in self.devices.values():
+            for index, (used, used_mem, whole, memory) in self.devices.items():
                 milli, mem = req.share_on(memory)
-                if not whole and used + milli <= MILLI and used_mem + mem <= memory:
+                if not whole and used + milli <= MILLI and used_mem + mem <= memory and self.admits(index):
                     return True
             return False
         return True
 
 
 def victims_on(
-    node: NodeState, candidates: list[WorkloadState], req: Request, models: frozenset[str]
+    node: NodeState, candidates: list[WorkloadState], req: Request, models: frozenset[str], project: int
 ) -> list[WorkloadState] | None:
-    """Cheapest-first victims on `node` until the member fits, then minimised; None if even all do not do."""
-    model = _NodeModel(node, req, models)
+    """Cheapest-first victims on `node` until a member of `project` fits, then minimised; None if even all do
+    not do."""
+    model = _NodeModel(node, req, models, project)
     chosen: list[WorkloadState] = []
     for v in candidates:
         model.remove(v)
