@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
@@ -10,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpupool import __version__
 from gpupool.api.deps import Context
+from gpupool.api.errors import BodyLimit, validation_error
 from gpupool.api.routers import nodes, org, pools, portal, system, workloads
 from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
@@ -22,6 +24,7 @@ _HEADERS = [
         b"default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
         b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     ),
+    (b"referrer-policy", b"no-referrer"),
 ]
 
 
@@ -62,6 +65,8 @@ def create_app(ctx: Context) -> FastAPI:
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse({"detail": exc.message}, status_code=exc.status)
 
+    app.add_exception_handler(RequestValidationError, validation_error)
+
     app.include_router(system.router)
     for r in (org.router, workloads.router, nodes.router, pools.router, portal.router):
         app.include_router(r, prefix="/api/v1")
@@ -74,5 +79,6 @@ def create_app(ctx: Context) -> FastAPI:
 
     app.mount("/portal", StaticFiles(directory=STATIC), name="portal")
 
+    app.add_middleware(BodyLimit)  # inside SecurityHeaders, so that a 413 carries the headers too
     app.add_middleware(SecurityHeaders)
     return app

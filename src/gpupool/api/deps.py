@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,7 +44,16 @@ async def get_session(ctx: Annotated[Context, Depends(get_context)]) -> AsyncIte
         session.close()  # returns the connection to the pool: a local rollback at most
 
 
+# With auto_error=False a missing header, another scheme ("Basic ...") or "Bearer" alone all give None here,
+# and so the same 401 below (auto_error=True would answer 403 for some of them).
 _bearer = HTTPBearer(auto_error=False)
+MAX_TOKEN = 256
+
+
+def plausible_token(token: str) -> bool:
+    """Whether a token is worth looking up: printable ASCII, at most MAX_TOKEN characters. Headers arrive as
+    Latin-1, so a raw byte 0xB2 becomes "²", which str.isdigit() accepts and int() refuses."""
+    return 0 < len(token) <= MAX_TOKEN and token.isascii() and token.isprintable() and " " not in token
 
 
 async def get_principal(
@@ -53,13 +62,18 @@ async def get_principal(
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     who = None
-    if creds is not None and len(creds.credentials) <= 256:
+    if creds is not None and plausible_token(creds.credentials):
         who = ctx.principals.peek(creds.credentials)
         if who is None:
             who = await run_in_threadpool(ctx.principals.get, session, creds.credentials)
     if who is None:
         raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
     return who
+
+
+async def no_store(response: Response) -> None:
+    """For routes whose answer carries a token: no cache (a browser's, a proxy's) may keep it."""
+    response.headers["Cache-Control"] = "no-store"
 
 
 ContextDep = Annotated[Context, Depends(get_context)]

@@ -15,7 +15,7 @@ _DNS = re.compile(DNS_LABEL)
 
 
 def _dns_safe(value: str) -> str:
-    if not _DNS.match(value):
+    if not _DNS.fullmatch(value):  # match() would let a trailing newline through ($ matches before it)
         raise ValueError(
             f"{value[:80]!r} is not a DNS-safe name: use 1-63 lowercase letters, digits and '-', "
             "starting and ending with a letter or digit"
@@ -29,6 +29,16 @@ WorkloadType = Literal["notebook", "training", "inference", "batch"]
 WorkloadState = Literal["pending", "starting", "running", "succeeded", "failed", "cancelled", "preempted", "suspended"]
 T = TypeVar("T")
 
+# Numbers are bounded here, before they reach int() or the database: no NaN or Infinity, integers within what
+# their column holds (the store's Integer columns are 32-bit, BigInteger ones 64-bit), times within ISO dates.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+UNIX_MIN, UNIX_MAX = -62_135_596_800.0, 253_402_300_799.0
+"""Unix seconds of 0001-01-01 and of 9999-12-31T23:59:59 UTC: the instants an ISO date can name."""
+PolicySeconds = Annotated[float, Field(le=100 * 365 * 86400, allow_inf_nan=False)]
+"""A policy's limit in seconds (the use case refuses zero and below, with its own reason)."""
+ShortText = Annotated[str, Field(max_length=63)]
+
 
 class Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -36,8 +46,8 @@ class Wire(BaseModel):
 
 class QuotaIn(Wire):
     pool: Name = "default"
-    deserved_gpus: float = Field(0, ge=0, le=1_000_000)
-    limit_gpus: float | None = Field(None, ge=0, le=1_000_000)
+    deserved_gpus: float = Field(0, ge=0, le=1_000_000, allow_inf_nan=False)
+    limit_gpus: float | None = Field(None, ge=0, le=1_000_000, allow_inf_nan=False)
     weight: int = Field(1, ge=0, le=1000)
 
 
@@ -53,8 +63,8 @@ class ProjectCreate(QuotaIn):
 
 class QuotaUpdate(Wire):
     pool: Name = "default"
-    deserved_gpus: float | None = Field(None, ge=0, le=1_000_000)
-    limit_gpus: float | None = Field(None, ge=0, le=1_000_000)
+    deserved_gpus: float | None = Field(None, ge=0, le=1_000_000, allow_inf_nan=False)
+    limit_gpus: float | None = Field(None, ge=0, le=1_000_000, allow_inf_nan=False)
     clear_limit: bool = False
     weight: int | None = Field(None, ge=0, le=1000)
 
@@ -82,8 +92,8 @@ Kind = Literal["notebook", "training", "inference", "batch"]
 class PolicyUpdate(Wire):
     """Seconds per workload type; null removes a limit. A project may only tighten its department's limits."""
 
-    idle_timeout_s: dict[Kind, float | None] = Field(default_factory=dict)
-    max_runtime_s: dict[Kind, float | None] = Field(default_factory=dict)
+    idle_timeout_s: dict[Kind, PolicySeconds | None] = Field(default_factory=dict)
+    max_runtime_s: dict[Kind, PolicySeconds | None] = Field(default_factory=dict)
     idle_threshold_pct: int | None = Field(None, ge=0, le=100)
 
 
@@ -119,7 +129,7 @@ class UsageReport(Wire):
 class UserCreate(Wire):
     name: Name
     role: Role = "member"
-    projects: list[str] = Field(default_factory=list, max_length=100)
+    projects: list[ShortText] = Field(default_factory=list, max_length=100)
 
 
 class UserPublic(Wire):
@@ -137,10 +147,10 @@ class WorkloadCreate(Wire):
     project: Name
     name: Name | None = None
     type: WorkloadType = "training"
-    gpu: float | None = Field(None, description="A fraction of one GPU, 0 < f < 1.")
+    gpu: float | None = Field(None, allow_inf_nan=False, description="A fraction of one GPU, 0 < f < 1.")
     gpus: int | None = Field(None, ge=0, le=1024)
     gpu_memory: str | None = Field(None, max_length=32, description="Memory of one GPU, like 20GiB or 512MiB.")
-    cpu: float | None = Field(None, ge=0, le=100_000, description="CPU cores per member.")
+    cpu: float | None = Field(None, ge=0, le=100_000, allow_inf_nan=False, description="CPU cores per member.")
     memory: str | None = Field(None, max_length=32, description="Host memory per member, like 8GiB.")
     workers: int = Field(1, ge=1, le=256)
     priority: str | None = Field(None, max_length=63)
@@ -150,8 +160,8 @@ class WorkloadCreate(Wire):
     command: list[str] = Field(default_factory=list, max_length=1024)
     image: str | None = Field(None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
     """A container image, for the kubernetes backend (the local backend runs commands on the host)."""
-    grace_s: float | None = Field(None, ge=0, le=3600)
-    pools: list[str] = Field(default_factory=list, max_length=16)
+    grace_s: float | None = Field(None, ge=0, le=3600, allow_inf_nan=False)
+    pools: list[ShortText] = Field(default_factory=list, max_length=16)
 
 
 class DevicePublic(Wire):

@@ -9,6 +9,7 @@ from gpupool.api.schemas import ShareLine, TimelinePoint
 from gpupool.core import Decision
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid
+from gpupool.services.reports import check_instants
 from gpupool.store.tables import QueueRow, UsageRow, WorkloadRow
 
 
@@ -46,6 +47,7 @@ def shares(session: Session, who: Principal, decision: Decision | None) -> list[
 
 def timeline(session: Session, who: Principal, start: float, end: float) -> list[TimelinePoint]:
     """Allocated and busy GPUs per minute (averaged over the minute), in total and by project."""
+    check_instants(start=start, end=end)
     if end <= start or end - start > 31 * 86400:
         raise Invalid("the period must be positive and at most 31 days")
     names = {q.id: q.name for q in session.scalars(select(QueueRow))}

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.api.schemas import UsageLine, UsageReport
+from gpupool.api.schemas import UNIX_MAX, UNIX_MIN, UsageLine, UsageReport
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid
 from gpupool.store.tables import QueueRow, UsageRow, UserRow, WorkloadRow
@@ -15,9 +16,17 @@ from gpupool.store.tables import QueueRow, UsageRow, UserRow, WorkloadRow
 _HOUR = 3600 * 1000  # milli-GPU-seconds in a GPU-hour
 
 
+def check_instants(**instants: float) -> None:
+    """Unix seconds that int() and the store can take: finite, and within the dates ISO can write."""
+    for name, value in instants.items():
+        if not math.isfinite(value) or not UNIX_MIN <= value <= UNIX_MAX:
+            raise Invalid(f"{name} {value!r} is not a time: give Unix seconds between year 1 and year 9999")
+
+
 def usage(
     session: Session, who: Principal, start: float, end: float, by: str, prices: Mapping[str, float]
 ) -> UsageReport:
+    check_instants(start=start, end=end)
     if end <= start:
         raise Invalid("the period is empty: 'to' must be after 'from'")
     if by not in ("department", "project", "user", "workload"):

@@ -12,28 +12,43 @@ from gpupool.services.errors import Invalid
 from gpupool.store.tables import NodeRow, QueueRow
 
 TYPE_CLASS = {"notebook": "interactive", "training": "training", "inference": "production", "batch": "batch"}
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_RESERVED_ENV = frozenset(
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# The environment a workload may not set, declared once. Either gpupool sets it (rendezvous, ports, the GPUs a
+# process sees and how MPS limits it, notebook tokens), or it changes how the programs gpupool starts load code
+# (the dynamic loader, the search path, interpreters' and shells' start-up files). Matched case-sensitively,
+# as the kernel passes them.
+DENIED_ENV = frozenset(
     {
         *("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
-        *("ROLE_RANK", "ROLE_WORLD_SIZE", "PORT", "JUPYTER_TOKEN"),
+        *("ROLE_RANK", "ROLE_WORLD_SIZE", "PORT"),
+        *("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "BASH_ENV", "ENV"),
     }
 )
-_RESERVED_PREFIXES = ("CUDA_", "NVIDIA_", "GPUPOOL_")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|[KMGT]i?)?\s*$", re.IGNORECASE)
+DENIED_ENV_PREFIXES = ("LD_", "CUDA_", "NVIDIA_", "JUPYTER_", "JUPYTERHUB_", "GPUPOOL_")
+"""CUDA_ covers CUDA_VISIBLE_DEVICES and CUDA_MPS_*, and CUDA_DEVICE_ORDER, which would renumber the devices
+CUDA_VISIBLE_DEVICES names; NVIDIA_ covers the container runtime's NVIDIA_VISIBLE_DEVICES and
+NVIDIA_DRIVER_CAPABILITIES."""
+_SIZE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*([KMGT]i?B?|[KMGT]i?)?\s*", re.IGNORECASE | re.ASCII)
+_MAX_MIB = 2**40  # an exbibyte: more than any device or host, and far inside the 64-bit columns
 _UNIT_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
 def parse_mib(text: str, what: str) -> int:
     """'20GiB', '20G', '512MiB' → MiB. GB and GiB both mean 1024 MiB, as GPU vendors quote memory."""
-    m = _SIZE.match(text)
+    m = _SIZE.fullmatch(text)
     if not m:
-        raise Invalid(f"{what} {text!r}: expected a size like 20GiB or 512MiB")
+        raise Invalid(f"{what} {text[:40]!r}: expected a size like 20GiB or 512MiB")
     unit = (m.group(2) or "M")[0].lower()
     mib = int(float(m.group(1)) * _UNIT_MIB[unit])
     if mib < 1:
         raise Invalid(f"{what} {text!r} is less than 1 MiB")
+    if mib > _MAX_MIB:
+        raise Invalid(f"{what} {text!r} is more than 1 EiB")
     return mib
+
+
+def env_denied(key: str) -> bool:
+    return key in DENIED_ENV or key.startswith(DENIED_ENV_PREFIXES)
 
 
 def priority_of(body: WorkloadCreate, classes: Sequence[PriorityClass] = DEFAULT_CLASSES) -> PriorityClass:
@@ -62,10 +77,13 @@ def to_request(body: WorkloadCreate) -> Request:
 
 def check_text(body: WorkloadCreate) -> None:
     for key, value in body.env.items():
-        if not _ENV_KEY.match(key):
-            raise Invalid(f"environment variable name {key!r} is not valid")
-        if key in _RESERVED_ENV or key.startswith(_RESERVED_PREFIXES):
-            raise Invalid(f"environment variable {key!r} is set by gpupool and cannot be overridden")
+        if not _ENV_KEY.fullmatch(key):
+            raise Invalid(f"environment variable name {key[:80]!r} is not valid")
+        if env_denied(key):
+            raise Invalid(
+                f"environment variable {key!r} is reserved: it is set by gpupool, or it changes how the "
+                "programs gpupool starts load code (LD_*, PATH, PYTHONPATH, BASH_ENV, ...); use another name"
+            )
         if "\x00" in value or len(value) > 32_768:
             raise Invalid(f"environment variable {key!r} has a NUL byte or is longer than 32 KiB")
     if any("\x00" in arg for arg in body.command) or sum(len(a) for a in body.command) > 131_072:

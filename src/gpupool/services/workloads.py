@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Sequence
@@ -10,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpupool.api.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
+from gpupool.api.schemas import DNS_LABEL, INT32_MAX, Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.control.policies import Policy, chains, effective
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.services.auth import Principal
@@ -22,6 +23,13 @@ from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
 
 ACTIVE = ("pending", "starting", "running", "preempted", "suspended")
 TERMINAL = ("succeeded", "failed", "cancelled")
+_ID = re.compile(r"^[0-9]{1,10}$", re.ASCII)  # ids are the store's 32-bit Integer; \d alone takes "١٢٣"
+_NAME = re.compile(DNS_LABEL)
+
+
+def _id_or_none(text: str) -> int | None:
+    """An id written in ASCII digits that the store can hold; None when `text` is not one."""
+    return int(text) if _ID.match(text) and int(text) <= INT32_MAX else None
 
 
 def _chain(session: Session, project: QueueRow) -> list[QueueRow]:
@@ -117,7 +125,15 @@ def find(session: Session, who: Principal, ref: str, project: str | None = None)
         if p is None or not who.can_read(p.id):
             raise NotFound(f"no project named {project!r}")
         query = query.where(WorkloadRow.project_id == p.id)
-    query = query.where(WorkloadRow.id == int(ref)) if ref.isdigit() else query.where(WorkloadRow.name == ref)
+    if ref.isascii() and ref.isdigit():
+        wid = _id_or_none(ref)
+        if wid is None:
+            raise Invalid(f"workload id {ref[:24]!r} is out of range: ids go up to {INT32_MAX}")
+        query = query.where(WorkloadRow.id == wid)
+    elif _NAME.fullmatch(ref):
+        query = query.where(WorkloadRow.name == ref)
+    else:
+        raise Invalid(f"{ref[:80]!r} is neither a workload id (ASCII digits) nor a workload name (a DNS label)")
     rows = [r for r in session.scalars(query) if who.can_read(r.project_id)]
     if not rows:
         raise NotFound(f"no workload named {ref!r}")
@@ -151,9 +167,10 @@ def list_workloads(
     if state is not None:
         query = query.where(WorkloadRow.state == state)
     if cursor is not None:
-        if not cursor.isdigit():
+        after = _id_or_none(cursor)
+        if after is None:
             raise Invalid("cursor is not one this server handed out")
-        query = query.where(WorkloadRow.id < int(cursor))
+        query = query.where(WorkloadRow.id < after)
     rows = list(session.scalars(query))
     more = len(rows) > limit
     rows = rows[:limit]

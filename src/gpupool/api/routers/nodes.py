@@ -3,10 +3,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gpupool.api.deps import CurrentUser, SessionDep
+from gpupool.api.errors import ERRORS
 from gpupool.api.schemas import NodePublic
 from gpupool.services.nodes import list_nodes
 
-router = APIRouter(tags=["nodes"])
+router = APIRouter(tags=["nodes"], responses=ERRORS)
 
 
 @router.get("/nodes", response_model=list[NodePublic])

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Depends, status
 
-from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
+from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
+from gpupool.api.errors import ERRORS
 from gpupool.api.schemas import (
     DepartmentCreate,
     PolicyPublic,
@@ -16,7 +17,7 @@ from gpupool.api.schemas import (
 )
 from gpupool.services import org, policies
 
-router = APIRouter(tags=["organisation"])
+router = APIRouter(tags=["organisation"], responses=ERRORS)
 
 
 @router.post("/departments", response_model=QueuePublic, status_code=status.HTTP_201_CREATED)
@@ -54,7 +55,9 @@ def update_policy(name: str, body: PolicyUpdate, session: SessionDep, who: Curre
     return policies.update_policy(session, who, name, body)
 
 
-@router.post("/users", response_model=UserCreated, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/users", response_model=UserCreated, status_code=status.HTTP_201_CREATED, dependencies=[Depends(no_store)]
+)
 def create_user(body: UserCreate, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> UserCreated:
     out = org.create_user(session, who, body)
     ctx.principals.clear()

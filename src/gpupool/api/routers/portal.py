@@ -5,17 +5,19 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
-from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
-from gpupool.api.schemas import LoginRequest, LoginResponse, PasswordSet, ShareLine, TimelinePoint
+from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
+from gpupool.api.errors import ERRORS
+from gpupool.api.schemas import UNIX_MAX, UNIX_MIN, LoginRequest, LoginResponse, PasswordSet, ShareLine, TimelinePoint
 from gpupool.services import insight, sessions
 from gpupool.services.auth import authenticate
 
-router = APIRouter(tags=["portal"])
+router = APIRouter(tags=["portal"], responses=ERRORS)
+UnixQ = Annotated[float | None, Query(description="Unix seconds", ge=UNIX_MIN, le=UNIX_MAX, allow_inf_nan=False)]
 
 
-@router.post("/login", response_model=LoginResponse)
+@router.post("/login", response_model=LoginResponse, dependencies=[Depends(no_store)])
 def login(body: LoginRequest, session: SessionDep, ctx: ContextDep) -> LoginResponse:
     """Trade a name and password for a session token (12 hours). The one call that needs no token."""
     secret = ctx.principals.secret or b""
@@ -39,8 +41,8 @@ def get_shares(session: SessionDep, ctx: ContextDep, who: CurrentUser) -> list[S
 def get_timeline(
     session: SessionDep,
     who: CurrentUser,
-    start: Annotated[float | None, Query()] = None,
-    end: Annotated[float | None, Query()] = None,
+    start: UnixQ = None,
+    end: UnixQ = None,
 ) -> list[TimelinePoint]:
     now = time.time()
     return insight.timeline(session, who, start if start is not None else now - 3600, end if end is not None else now)

@@ -2,16 +2,28 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
-from gpupool.api.schemas import Page, UsageReport, WorkloadCreate, WorkloadDetail, WorkloadPublic, WorkloadState
+from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
+from gpupool.api.errors import ERRORS
+from gpupool.api.schemas import (
+    INT64_MAX,
+    UNIX_MAX,
+    UNIX_MIN,
+    Page,
+    UsageReport,
+    WorkloadCreate,
+    WorkloadDetail,
+    WorkloadPublic,
+    WorkloadState,
+)
 from gpupool.services import reports, workloads
 from gpupool.services.errors import Invalid
 
-router = APIRouter(tags=["workloads"])
+router = APIRouter(tags=["workloads"], responses=ERRORS)
 ProjectQ = Annotated[str | None, Query(max_length=63)]
+UnixQ = Annotated[float, Query(description="Unix seconds", ge=UNIX_MIN, le=UNIX_MAX, allow_inf_nan=False)]
 
 
 @router.post("/workloads", response_model=WorkloadPublic, status_code=201)
@@ -53,7 +65,7 @@ def list_workloads(
     return workloads.list_workloads(session, who, project=project, state=state, limit=limit, cursor=cursor)
 
 
-@router.get("/workloads/{ref}", response_model=WorkloadDetail)
+@router.get("/workloads/{ref}", response_model=WorkloadDetail, dependencies=[Depends(no_store)])
 def describe_workload(
     ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
 ) -> WorkloadDetail:
@@ -85,8 +97,8 @@ def usage_report(
     session: SessionDep,
     ctx: ContextDep,
     who: CurrentUser,
-    start: Annotated[float, Query(description="Unix seconds")],
-    end: Annotated[float, Query(description="Unix seconds")],
+    start: UnixQ,
+    end: UnixQ,
     by: Annotated[str, Query(pattern="^(department|project|user|workload)$")] = "project",
 ) -> UsageReport:
     return reports.usage(session, who, start, end, by, ctx.settings.prices)
@@ -100,7 +112,7 @@ async def workload_logs(
     who: CurrentUser,
     project: ProjectQ = None,
     rank: Annotated[int, Query(ge=0, le=1024)] = 0,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=4 * 1024 * 1024)] = 1024 * 1024,
 ) -> Response:
     """Bytes of a member's log from `offset`; X-Next-Offset says where to continue, X-Workload-State whether
