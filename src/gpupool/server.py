@@ -6,6 +6,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 from pathlib import Path
 
 import uvicorn
@@ -14,6 +15,7 @@ from gpupool.api.app import create_app
 from gpupool.api.deps import Context
 from gpupool.backends.base import Backend
 from gpupool.backends.local import GpuSpecError, LocalBackend, discover
+from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
 from gpupool.control.controller import Controller
 from gpupool.services.auth import PrincipalCache
 from gpupool.services.org import ensure_admin
@@ -46,6 +48,13 @@ def session_secret(data_dir: Path) -> bytes:
     return bytes.fromhex(path.read_text().strip())
 
 
+def isolation(settings: Settings) -> Isolation:
+    try:
+        return probe(settings.single_user)
+    except SandboxError as e:
+        raise StartupError(str(e)) from None
+
+
 def build(settings: Settings) -> tuple[Context, str | None]:
     """Everything a server needs, started except for the HTTP listener. Returns the context and, on first
     start, where the admin token was written."""
@@ -75,6 +84,8 @@ def build(settings: Settings) -> tuple[Context, str | None]:
             settings.pool,
             gpus,
             on_exit=lambda: holder[0].wake() if holder else None,
+            isolation=isolation(settings),
+            uid_base=settings.uid_base,
         )
     controller = Controller(
         sessions,
@@ -92,6 +103,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
 def serve(settings: Settings, announce: bool = True) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the app proxy's every request otherwise
     ctx, token_path = build(settings)
     nodes = ctx.backend.inventory()
     gpus = [d for n in nodes for d in n.devices]
@@ -102,6 +114,14 @@ def serve(settings: Settings, announce: bool = True) -> None:
         print(f"gpupool: {where}{len(gpus)} GPUs ({kind}: {models or 'none'}), store {_redact(settings.database_url)}")
         if token_path:
             print(f"gpupool: first start; the admin token is in {token_path} (readable only by you)")
+        if settings.backend == "local" and settings.single_user:
+            print("gpupool: --single-user: workloads run as this server's user; tenants are NOT isolated")
+        elif settings.backend == "local":
+            limits = ctx.backend.capabilities().isolation.get("cpu_memory", "advisory")
+            print(f"gpupool: workloads sandboxed (a uid per project, bubblewrap); cpu and memory limits {limits}")
+            if not ctx.backend.capabilities().notebooks:
+                print(f"gpupool: notebooks are off: JupyterLab is not installed, or workloads cannot run "
+                      f"{sys.executable} (its files must be readable by other users)")  # fmt: skip
         print(f"gpupool: API on http://{settings.host}:{settings.port}  (docs at /docs)", flush=True)
     ctx.controller.start()
     try:

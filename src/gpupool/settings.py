@@ -43,6 +43,17 @@ class Settings(BaseModel):
     """Price of one GPU-hour per pool, for cost reports (a pool without one costs 0)."""
     min_runtime_s: dict[str, float] | None = None
     """Per priority class, overriding the class defaults (e.g. {'training': 0})."""
+    single_user: bool = False
+    """Run every local workload as the server's own user, with no isolation between tenants. Without it the
+    server refuses to start where it cannot give each project an OS identity of its own."""
+    uid_base: int = Field(1_900_000_000, ge=100_000, le=2**31 - 2**24)
+    """Project p's workloads run as uid uid_base + p (local backend, not single-user)."""
+    public_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
+    """How users reach this server (for app URLs); None: http://host:port."""
+
+    @property
+    def public_base_url(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     @property
     def database_url(self) -> str:

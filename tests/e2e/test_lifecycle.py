@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
-import signal
 from collections.abc import Callable
 
 import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from tests.e2e.conftest import Server, wait_for
+from tests.e2e.jupyter import run_in_kernel
 
 IGNORE_TERM = ["sh", "-c", "trap 'echo ignoring TERM' TERM; echo started; while true; do sleep 0.1; done"]
 
@@ -52,8 +56,9 @@ def test_an_inference_service_is_healthy_once_it_answers(org_server: Server) -> 
     assert w["priority"] == "production" and w["preemptible"] is False
     s.wait_state("api", "running")
     url = s.cli("open", "api").stdout.strip()
-    assert url.startswith("http://127.0.0.1:")
-    assert httpx.get(url, timeout=5).status_code == 200
+    assert url == f"{s.url}/apps/vision/api/"
+    assert httpx.get(url, headers={"Authorization": f"Bearer {s.admin_token}"}, timeout=5).status_code == 200
+    assert httpx.get(url, timeout=5).status_code == 401
     training = s.cli("open", "api-missing", check=False)
     assert training.returncode == 1
 
@@ -71,13 +76,14 @@ def test_a_restarted_server_keeps_its_workloads_and_adopts_their_processes(org_s
         "--",
         "sh",
         "-c",
-        "echo pid=$$; while true; do sleep 0.1; done",
+        "while true; do sleep 0.1; done",
     )
     s.cli("submit", "-p", "nlp", "--name", "short", "--", "sh", "-c", "while [ ! -e go ]; do sleep 0.05; done; exit 7")
     s.cli("submit", "-p", "nlp", "--name", "waiting", "--gpus", "4", "--", "true")
     s.wait_state("long", "running")
     short = s.wait_state("short", "running")
-    pid = int(wait_for(lambda: s.cli("logs", "long").stdout.strip(), what="the pid").split("=")[1])
+    long = s.workload("long")
+    pid = int(json.loads((s.data_dir / "run" / f"{long['id']}-0-0.json").read_text())["pid"])
     s.kill()  # as in a crash: no chance to clean up
     os.kill(pid, 0)  # the workload outlived its server
     (s.data_dir / "workloads" / str(short["id"]) / "go").touch()  # `short` ends while the server is down
@@ -102,25 +108,39 @@ def _alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def test_a_notebook_is_a_real_jupyterlab_that_answers_only_with_its_token(make_server: Callable[..., Server]) -> None:
+def test_a_notebook_is_a_real_jupyterlab_that_only_its_members_reach_through_the_proxy(
+    make_server: Callable[..., Server],
+) -> None:
     s = make_server("fake:1xH100-80GB")
     s.cli("project", "create", "lab", "--deserved-gpus", "1")
+    s.cli("project", "create", "other", "--deserved-gpus", "0")
     member = s.json("user", "create", "ana", "--project", "lab")["token"]
     viewer = s.json("user", "create", "vic", "--role", "viewer", "--project", "lab")["token"]
+    outsider = s.json("user", "create", "olga", "--project", "other")["token"]
     s.cli("submit", "-p", "lab", "--type", "notebook", "--name", "nb", "--gpu", "0.25", token=member)
     w = s.wait_state("nb", "running", timeout=90)
     assert w["priority"] == "interactive"
-    url = s.cli("open", "nb", token=member).stdout.strip()
-    base, _, token = url.partition("lab?token=")
-    assert token
-    assert s.workload("nb", token=viewer)["token"] is None
-    assert "token=" not in s.cli("open", "nb", token=viewer).stdout
-    assert httpx.get(base + "api/status", timeout=10).status_code == 403
-    assert (
-        httpx.get(base + "api/status", headers={"Authorization": f"token wrong{token}"}, timeout=10).status_code == 403
-    )
-    ok = httpx.get(base + "api/status", headers={"Authorization": f"token {token}"}, timeout=10)
+    base = s.cli("open", "nb", token=member).stdout.strip()
+    assert base == f"{s.url}/apps/lab/nb/"
+    assert s.cli("open", "nb", token=viewer).stdout.strip() == base  # the address is no secret; access is
+
+    def status(token: str | None) -> int:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(base + "api/status", headers=headers, timeout=10).status_code
+
+    assert status(None) == 401
+    assert status("gp_wrong") == 401
+    assert status(viewer) == 403
+    assert status(outsider) == 404
+    ok = httpx.get(base + "api/status", headers={"Authorization": f"Bearer {member}"}, timeout=10)
     assert ok.status_code == 200 and "started" in ok.json()
+    # Code runs in a kernel reached over the proxied websocket, and writes into the notebook's workdir.
+    run_in_kernel(base, member, "open('from-kernel.txt', 'w').write('hi')")
+    workdir = s.data_dir / "workloads" / str(w["id"])
+    wait_for(lambda: (workdir / "from-kernel.txt").exists(), 30, "the kernel's file")
+    assert (workdir / "from-kernel.txt").stat().st_uid == workdir.stat().st_uid != os.geteuid()
+    with pytest.raises(InvalidStatus) as refused, connect(base.replace("http://", "ws://") + "api/events/subscribe"):
+        pass
+    assert refused.value.response.status_code == 403  # an unauthenticated upgrade never reaches Jupyter
     s.cli("cancel", "nb", token=member)
     assert s.wait_state("nb", "cancelled", timeout=30)["state"] == "cancelled"
-    assert signal.SIGTERM  # jupyter shuts down on TERM within the grace period

@@ -43,7 +43,7 @@ def _sign_in(page: Page, s: Server, name: str, password: str) -> None:
 def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_projects(
     make_server: Callable[..., Server], browser: Browser
 ) -> None:
-    s = make_server("fake:1xH100-80GB", "--telemetry-interval", "1", "--price", "default=2.5")
+    s = make_server("fake:2xH100-80GB", "--telemetry-interval", "1", "--price", "default=2.5")
     s.cli("department", "create", "research", "--deserved-gpus", "1")
     s.cli("project", "create", "lab", "--department", "research", "--deserved-gpus", "0.5")
     s.cli("project", "create", "other", "--department", "research", "--deserved-gpus", "0.5")
@@ -51,9 +51,9 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
     s.json("user", "create", "ana", "--project", "lab")
     bo = s.json("user", "create", "bo", "--project", "other")["token"]
     headers = {"Authorization": f"Bearer {s.admin_token}"}
-    httpx.put(
-        f"{s.url}/api/v1/users/ana/password", json={"password": "correct horse"}, headers=headers
-    ).raise_for_status()
+    for user, password in (("ana", "correct horse"), ("bo", "battery staple")):
+        url = f"{s.url}/api/v1/users/{user}/password"
+        httpx.put(url, json={"password": password}, headers=headers).raise_for_status()
     s.cli("submit", "-p", "other", "--name", "secret-job", "--gpu", "0.25", "--", "sleep", "300", token=bo)
 
     page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -79,10 +79,29 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
         row.get_by_role("button", name="Open").click()
     lab = popup.value
     lab.wait_for_load_state()
-    # Jupyter takes the token from the link, sets its cookie and drops it from the address: no login page.
-    assert lab.url.rstrip("/").endswith("/lab") and "login" not in lab.url
+    # Through the server's proxy, on the sign-in's session cookie: no token in the address, no login page.
+    assert lab.url.split("?")[0] == f"{s.url}/apps/lab/my-nb/lab"
     expect(lab).to_have_title(re.compile("JupyterLab"), timeout=30_000)
+    expect(lab.locator(".jp-Launcher")).to_be_visible(timeout=30_000)
+    kernel = lab.locator(".jp-LauncherCard[data-category=Notebook]").first
+    kernel.click()  # a notebook with a live kernel: its websocket goes through the proxy too
+    expect(lab.locator(".jp-StatusBar-Widget").filter(has_text="Idle").first).to_be_visible(timeout=60_000)
+    cell = lab.locator(".jp-Notebook .jp-Cell .cm-content").first
+    cell.click()
+    cell.type("print(6 * 7)")
+    expect(cell).to_have_text("print(6 * 7)")
+    lab.keyboard.press("Shift+Enter")
+    expect(lab.locator(".jp-OutputArea-output").first).to_have_text("42", timeout=60_000)
+    _shot(lab, "1b-jupyterlab")
     lab.close()
+
+    # Another project's member, signed in, is refused the same address, and learns nothing of it.
+    other = browser.new_context(viewport={"width": 1280, "height": 900})
+    bo_page = other.new_page()
+    _sign_in(bo_page, s, "bo", "battery staple")
+    refused = bo_page.goto(f"{s.url}/apps/lab/my-nb/lab")
+    assert refused is not None and refused.status == 404
+    other.close()
 
     page.click("nav a[data-page=cluster]")
     expect(page.locator("#gpu-map")).to_contain_text("my-nb")

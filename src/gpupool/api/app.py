@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpupool import __version__
 from gpupool.api.deps import Context
 from gpupool.api.errors import BodyLimit, validation_error
-from gpupool.api.routers import nodes, org, pools, portal, system, workloads
+from gpupool.api.routers import apps, nodes, org, pools, portal, system, workloads
 from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
 
@@ -26,6 +26,8 @@ _HEADERS = [
     ),
     (b"referrer-policy", b"no-referrer"),
 ]
+_APP_HEADERS = [h for h in _HEADERS if h[0] in (b"x-content-type-options", b"referrer-policy")]
+"""An app behind the proxy (JupyterLab) sets its own framing and script policy; ours would break it."""
 
 
 class SecurityHeaders:
@@ -40,9 +42,11 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
 
+        extra = _APP_HEADERS if scope["path"].startswith("/apps/") else _HEADERS
+
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *_HEADERS]
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         await self.app(scope, receive, with_headers)
@@ -68,6 +72,7 @@ def create_app(ctx: Context) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error)
 
     app.include_router(system.router)
+    app.include_router(apps.router)
     for r in (org.router, workloads.router, nodes.router, pools.router, portal.router):
         app.include_router(r, prefix="/api/v1")
 

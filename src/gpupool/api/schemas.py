@@ -218,8 +218,9 @@ class WorkloadDetail(WorkloadPublic):
     fraction: Literal["enforced", "advisory"] | None
     """For fractional GPUs: whether the limit is enforced (CUDA MPS) or advisory (environment only)."""
     url: str | None
-    token: str | None
-    """A notebook's token; shown only to members of its project."""
+    """A notebook's or service's stable address on the server (through its authenticating proxy)."""
+    isolation: dict[str, str] = Field(default_factory=dict)
+    """What the backend enforces between this workload and other tenants, and what is advisory."""
     allocations: list[AllocationPublic]
     events: list[EventPublic]
     gpu_memory_used_mib: int | None = None

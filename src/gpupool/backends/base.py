@@ -39,6 +39,8 @@ class LaunchSpec:
     grace_s: float = 30.0
     cpu_milli: int = 0
     memory_mib: int = 0
+    project_id: int = 0
+    """Keys the member's OS identity where the backend gives each project one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,18 @@ class Capabilities:
     fractions_enforced: bool = False
     notebooks: bool = False
     extra: dict[str, str] = field(default_factory=dict)
+    isolation: dict[str, str] = field(default_factory=dict)
+    """What this backend enforces between tenants (identity, filesystem, processes, apps, cpu_memory), in words;
+    'advisory' where it does not."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppEndpoint:
+    """Where the server's proxy reaches a notebook or service: a Unix socket, or a host and port."""
+
+    uds: str | None = None
+    host: str | None = None
+    port: int | None = None
 
 
 class Backend(Protocol):
@@ -109,6 +123,9 @@ class Backend(Protocol):
 
     def healthy(self, alloc_id: str, port: int | None) -> bool:
         """Whether a notebook or service member answers (on its port, or by its readiness)."""
+
+    def app_endpoint(self, alloc_id: str, port: int | None) -> AppEndpoint | None:
+        """Where the server's app proxy reaches a member's notebook or service; None where it cannot."""
 
     def sample(self) -> Sample:
         """GPU activity per running member and per device, since the previous call."""

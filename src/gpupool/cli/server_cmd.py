@@ -47,6 +47,16 @@ def server(
     min_runtime: Annotated[
         list[str] | None, typer.Option("--min-runtime", help="CLASS=SECONDS, overriding a class's minimum runtime.")
     ] = None,
+    single_user: Annotated[
+        bool,
+        typer.Option(
+            "--single-user",
+            help="Run workloads as this server's user, with NO isolation between tenants (one person's machine).",
+        ),
+    ] = False,
+    public_url: Annotated[
+        str | None, typer.Option("--public-url", help="How users reach this server, e.g. https://gpu.example.org.")
+    ] = None,
 ) -> None:
     """Start gpupool: API on 127.0.0.1:8470, scheduler, local backend, SQLite store."""
     from gpupool.server import StartupError, serve
@@ -60,7 +70,7 @@ def server(
             data_dir=data_dir or default_data_dir(), db_url=db, backend=backend, kubeconfig=kubeconfig,
             pool_label=pool_label, default_image=image, host=host, port=port, gpus=gpus, pool=pool,
             interval_s=interval, grace_s=grace, min_runtime_s=overrides or None, telemetry_interval_s=telemetry,
-            prices=prices,
+            prices=prices, single_user=single_user, public_url=public_url,
         )  # fmt: skip
         serve(settings)
     except (ValidationError, StartupError) as e:

@@ -165,6 +165,10 @@ def _describe_text(d: WorkloadDetail) -> None:
         print(f"URL:         {d.url}")
     if d.exit_code is not None:
         print(f"Exit code:   {d.exit_code}")
+    if d.isolation:
+        print("Isolation:")
+        for what, how in d.isolation.items():
+            print(f"  {what + ':':<12} {how}")
     print("Events:")
     for e in d.events:
         print(f"  {time.strftime(fmt, time.localtime(e.at))}  {e.state:<10} {e.reason}")

@@ -83,17 +83,31 @@ def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> lis
     return events
 
 
-def notebook_argv(port: int) -> tuple[str, ...]:
-    """JupyterLab on loopback, on its port, with the token from the environment (never on a command line)."""
+def app_path(project: str, name: str) -> str:
+    """The stable path of a workload's app on the server: it survives suspend, resume and requeue."""
+    return f"/apps/{project}/{name}/"
+
+
+def notebook_argv(socket_path: str, base_url: str) -> tuple[str, ...]:
+    """JupyterLab on a Unix socket only the server reaches, under its proxy path. Its token (from the
+    environment, never a command line) is known to the server alone: the proxy adds it to every request it has
+    authenticated, so Jupyter's own checks (XSRF included) see a token-authenticated client."""
     argv = (
-        sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-        "--ServerApp.port_retries=0", "--ServerApp.root_dir=.", "--ServerApp.allow_remote_access=False",
+        sys.executable, "-m", "jupyterlab", "--no-browser", f"--ServerApp.sock={socket_path}",
+        "--ServerApp.sock_mode=0600", f"--ServerApp.base_url={base_url}",
+        "--ServerApp.root_dir=.", "--ServerApp.allow_remote_access=True", "--ServerApp.trust_xheaders=True",
     )  # fmt: skip
-    # A server run as root runs its notebooks as root too; Jupyter wants that said out loud.
+    # A server run as root in single-user mode runs its notebooks as root too; Jupyter wants that said out loud.
     return (*argv, "--allow-root") if os.geteuid() == 0 else argv
 
 
-def launch_spec(row: WorkloadRow, alloc: AllocationRow, project: str, node: NodeRow | None) -> LaunchSpec:
+def launch_spec(
+    row: WorkloadRow,
+    alloc: AllocationRow,
+    project: str,
+    node: NodeRow | None,
+    app_socket: Callable[[str], str] | None = None,
+) -> LaunchSpec:
     models = {int(d["index"]): d for d in (node.devices if node else [])}
     grants = tuple(
         DeviceGrant(
@@ -107,9 +121,8 @@ def launch_spec(row: WorkloadRow, alloc: AllocationRow, project: str, node: Node
     )
     env = {str(k): str(v) for k, v in row.env.items()}
     argv: tuple[str, ...] = tuple(row.command)
-    if row.type == "notebook":
-        port = alloc.port or free_port()
-        argv = notebook_argv(port)
+    if row.type == "notebook" and app_socket is not None:
+        argv = notebook_argv(app_socket(alloc.id), app_path(project, row.name))
         env["JUPYTER_TOKEN"] = row.app_token or ""
         env["JUPYTER_RUNTIME_DIR"] = ".jupyter/runtime"
     return LaunchSpec(
@@ -131,6 +144,7 @@ def launch_spec(row: WorkloadRow, alloc: AllocationRow, project: str, node: Node
         grace_s=row.grace_s,
         cpu_milli=row.cpu_milli,
         memory_mib=row.memory_mib,
+        project_id=row.project_id,
     )
 
 
@@ -162,12 +176,14 @@ def act(
     events: list[EventRow] = []
     busy = False
     pending: list[tuple[AllocationRow, LaunchSpec]] = []
+    app_socket: Callable[[str], str] | None = getattr(backend, "app_socket", None)
     for row in rows:
         if row.state not in ("starting", "running"):
             continue
         for alloc in current(row):
             if alloc.state == "bound" and row.stop_reason is None:
-                pending.append((alloc, launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node))))
+                spec = launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node), app_socket)
+                pending.append((alloc, spec))
             elif alloc.state == "bound":
                 alloc.state = "ended"  # stopped before it ever started
     for (alloc, spec), error in zip(pending, launcher(backend.launch, [s for _, s in pending]), strict=True):

@@ -52,7 +52,7 @@ def session_token(secret: bytes, user_id: int, now: float, ttl_s: float = SESSIO
 def session_user(secret: bytes, token: str, now: float) -> int | None:
     """The user a valid, unexpired session token names; None otherwise."""
     parts = token.split("_")
-    if len(parts) != 4 or parts[0] != "gps" or not parts[1].isdigit() or not parts[2].isdigit():
+    if len(parts) != 4 or parts[0] != "gps" or not all(p.isascii() and p.isdigit() for p in parts[1:3]):
         return None
     user_id, expiry = int(parts[1]), int(parts[2])
     if expiry < now or not hmac.compare_digest(_sign(secret, user_id, expiry), parts[3]):

@@ -55,16 +55,20 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
 
 
 def workload_detail(
-    row: WorkloadRow, project: str, events: Sequence[EventRow], policy: Policy, *, show_token: bool, host: str
+    row: WorkloadRow,
+    project: str,
+    events: Sequence[EventRow],
+    policy: Policy,
+    *,
+    public_url: str,
+    isolation: dict[str, str],
 ) -> WorkloadDetail:
     base = workload_public(row, project).model_dump()
     allocs = live(row)
-    port = allocs[0].port if allocs else None
     url = None
-    if row.type in ("notebook", "inference") and port is not None and row.state in ("starting", "running"):
-        url = f"http://{host}:{port}/"
-        if row.type == "notebook" and show_token:
-            url += f"lab?token={row.app_token}"
+    if row.type in ("notebook", "inference") and row.state not in ("succeeded", "failed", "cancelled"):
+        # Stable through suspend, resume and requeue; the proxy says 503 while it does not run.
+        url = f"{public_url.rstrip('/')}/apps/{project}/{row.name}/"
     fraction = None
     if row.gpu_milli or row.gpu_memory_mib:
         enforced = bool(allocs) and all(a.state in ("launched", "ready") and a.enforced for a in allocs)
@@ -77,7 +81,7 @@ def workload_detail(
         grace_s=row.grace_s,
         fraction=fraction,
         url=url,
-        token=row.app_token if show_token else None,
+        isolation=isolation,
         allocations=[
             AllocationPublic(
                 member=a.member,

@@ -178,14 +178,16 @@ def list_workloads(
     return Page[WorkloadPublic](items=items, next_cursor=str(rows[-1].id) if more and rows else None)
 
 
-def describe(session: Session, who: Principal, ref: str, project: str | None, host: str) -> WorkloadDetail:
+def describe(
+    session: Session, who: Principal, ref: str, project: str | None, public_url: str, isolation: dict[str, str]
+) -> WorkloadDetail:
     row = find(session, who, ref, project)
     names = _project_names(session)
     events = session.scalars(select(EventRow).where(EventRow.workload_id == row.id).order_by(EventRow.id)).all()
-    member = who.role != "viewer" and row.project_id in who.project_ids
     queue = session.get(QueueRow, row.project_id)
     policy = effective(_chain(session, queue)) if queue is not None else Policy()
-    return workload_detail(row, names.get(row.project_id, "?"), events, policy, show_token=member, host=host)
+    project_name = names.get(row.project_id, "?")
+    return workload_detail(row, project_name, events, policy, public_url=public_url, isolation=isolation)
 
 
 def resume(session: Session, who: Principal, ref: str, project: str | None) -> WorkloadPublic:

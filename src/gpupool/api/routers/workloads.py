@@ -69,7 +69,8 @@ def list_workloads(
 def describe_workload(
     ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
 ) -> WorkloadDetail:
-    return workloads.describe(session, who, ref, project, host=ctx.settings.host)
+    isolation = ctx.backend.capabilities().isolation
+    return workloads.describe(session, who, ref, project, ctx.settings.public_base_url, isolation)
 
 
 @router.post("/workloads/{ref}/cancel", response_model=WorkloadPublic)

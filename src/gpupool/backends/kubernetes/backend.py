@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.backends.base import Capabilities, LaunchSpec, Observed, Sample
+from gpupool.backends.base import AppEndpoint, Capabilities, LaunchSpec, Observed, Sample
 from gpupool.backends.kubernetes.manifests import (
     ALLOC,
     DEVICES,
@@ -190,6 +190,13 @@ class KubernetesBackend:
         with self._lock:
             pod = self._pods.get(alloc_id)
         return pod is not None and ready(pod)
+
+    def app_endpoint(self, alloc_id: str, port: int | None) -> AppEndpoint | None:
+        """The pod's own address: the server must reach the pod network (it runs in the cluster)."""
+        with self._lock:
+            pod = self._pods.get(alloc_id)
+        ip = ((pod or {}).get("status") or {}).get("podIP")
+        return AppEndpoint(host=str(ip), port=port) if ip and port is not None else None
 
     def sample(self) -> Sample:
         return Sample({}, (), modelled=False)

@@ -7,28 +7,48 @@ status to `<alloc id>.exit`, so an exit is known even if it happened while the s
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.backends.base import Capabilities, DeviceSample, LaunchSpec, MemberSample, Observed, Sample
+from gpupool.backends.base import (
+    AppEndpoint,
+    Capabilities,
+    DeviceSample,
+    LaunchSpec,
+    MemberSample,
+    Observed,
+    Sample,
+)
+from gpupool.backends.local.apps import answers_http
 from gpupool.backends.local.gpus import Discovered
 from gpupool.backends.local.mps import MpsDaemon, mps_env
+from gpupool.backends.local.sandbox import APP_SOCKET, Isolation, Limits, Member, Sandbox
 from gpupool.backends.local.telemetry import CpuActivity, NvmlReader, processes, tree
 from gpupool.core import Node
 
-# "$1" is the exit file; the rest is the member's argv, run without any shell interpretation of its words.
-# The wrapper catches TERM (its child gets the default action back on exec) so it outlives the grace period
-# and records how the member really ended.
-_WRAPPER = 'trap : TERM INT; f=$1; shift; "$@"; rc=$?; printf "%s" "$rc" > "$f.tmp" && mv "$f.tmp" "$f"; exit $rc'
+# "$1" is the exit file, "$2" the number of cgroup.procs files that follow (the wrapper joins them first, so
+# everything the member starts is counted); the rest is the member's argv, run without any shell
+# interpretation of its words. The wrapper catches TERM (its child gets the default action back on exec) so
+# it outlives the grace period and records how the member really ended. It runs as the server's user, outside
+# the sandbox, which is what lets it write the exit file where the member cannot.
+_WRAPPER = (
+    'trap : TERM INT; f=$1; n=$2; shift 2; rc=0; '
+    'while [ "$n" -gt 0 ]; do echo $$ > "$1" || rc=125; shift; n=$((n-1)); done; '
+    '[ $rc -eq 0 ] && { "$@"; rc=$?; }; '
+    'printf "%s" "$rc" > "$f.tmp" && mv "$f.tmp" "$f"; exit $rc'
+)
 _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM")
+_SANDBOX_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
+"""What a sandboxed member inherits from the server's environment: its HOME, user and /tmp are its own."""
+_DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
 @dataclass(slots=True)
@@ -65,8 +85,13 @@ class LocalBackend:
         pool: str,
         gpus: Discovered,
         on_exit: Callable[[], None] = lambda: None,
+        isolation: Isolation | None = None,
+        uid_base: int = 1_900_000_000,
     ) -> None:
         self.data_dir = data_dir
+        self.isolation = isolation or Isolation(False, Limits("advisory"))
+        self.sandbox = Sandbox(data_dir, self.isolation, uid_base)
+        self._apps_root = apps_root(data_dir)
         self.node_name = node_name
         self.pool = pool
         self.gpus = gpus
@@ -84,11 +109,15 @@ class LocalBackend:
         if not gpus.simulated:
             with contextlib.suppress(Exception):  # no driver after all: the model stands in
                 self._nvml = NvmlReader()
+        notebooks = _has_module("jupyterlab")
+        if notebooks and self.isolation.sandboxed:
+            notebooks = self.sandbox.runs_python("jupyterlab")
         self._capabilities = Capabilities(
             "local",
             fractions_enforced=self._mps is not None,
-            notebooks=_has_module("jupyterlab"),
+            notebooks=notebooks,
             extra={"gpus": "simulated" if gpus.simulated else "nvml"},
+            isolation=self.isolation.summary(),
         )
         self._adopt()
 
@@ -106,9 +135,18 @@ class LocalBackend:
     def healthy(self, alloc_id: str, port: int | None) -> bool:
         if port is None:
             return True
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.05):
-            return True
-        return False
+        return answers_http(self.app_endpoint(alloc_id, port))
+
+    def app_endpoint(self, alloc_id: str, port: int | None) -> AppEndpoint:
+        """Where the server's proxy reaches a member's app: its socket, or (not sandboxed, a service) its port."""
+        sock = self._app_dir(alloc_id) / APP_SOCKET
+        if self.isolation.sandboxed or port is None or sock.exists():
+            return AppEndpoint(uds=str(sock))
+        return AppEndpoint(host="127.0.0.1", port=port)
+
+    def app_socket(self, alloc_id: str) -> str:
+        """Where a notebook is to listen, as the notebook sees it."""
+        return self.sandbox.app_socket(self._app_dir(alloc_id))
 
     def read_log(self, workload_id: int, rank: int, offset: int, limit: int) -> bytes:
         try:
@@ -126,18 +164,20 @@ class LocalBackend:
         with self._lock:
             if spec.alloc_id in self._runs or self._record(spec.alloc_id).exists():
                 return
-            workdir = self.workdir(spec.workload_id)
-            workdir.mkdir(parents=True, exist_ok=True)
+            member = self._member(spec)
+            self.sandbox.prepare(member)
             log = Path(self.log_path(spec.workload_id, spec.rank))
             log.parent.mkdir(parents=True, exist_ok=True)
-            env, enforced = self._environment(spec, workdir)
+            env, enforced = self._environment(spec, member)
+            argv, cgroups = self.sandbox.argv(member, spec.argv)
             exit_file = self._run_dir / f"{spec.alloc_id}.exit"
             with contextlib.suppress(FileNotFoundError):
                 exit_file.unlink()
+            wrapper = ["/bin/sh", "-c", _WRAPPER, "gpupool-run", str(exit_file), str(len(cgroups)), *cgroups]
             with open(log, "ab") as out:
                 proc = subprocess.Popen(
-                    ["/bin/sh", "-c", _WRAPPER, "gpupool-run", str(exit_file), *spec.argv],
-                    cwd=workdir,
+                    [*wrapper, *argv],
+                    cwd=member.workdir,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -158,14 +198,24 @@ class LocalBackend:
     def stop(self, alloc_id: str, force: bool) -> None:
         with self._lock:
             run = self._runs.get(alloc_id)
-        if run is not None and self._alive(run):
-            # Descendants that left the group (a Jupyter kernel has a session of its own) are signalled too.
-            strays = [p.pid for p in tree(processes(), run.pid)] if force else []
+        if run is None or not self._alive(run):
+            return
+        members = tree(processes(), run.pid)
+        if not force and self.isolation.sandboxed:
+            # TERM goes to the member's own processes only: the sandbox's keepers (root) would take it as a
+            # kill and tear the member down before its grace period.
+            me = os.geteuid()
+            for p in members:
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{p.pid}").st_uid != me:
+                        os.kill(p.pid, signal.SIGTERM)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.pid, signal.SIGKILL if force else signal.SIGTERM)
+        # Descendants that left the group (a Jupyter kernel has a session of its own) are signalled too.
+        for p in members[1:] if force else ():
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(run.pid, signal.SIGKILL if force else signal.SIGTERM)
-            for pid in strays:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+                os.kill(p.pid, signal.SIGKILL)
 
     def observe(self) -> dict[str, Observed]:
         with self._lock:
@@ -192,6 +242,8 @@ class LocalBackend:
         for suffix in (".json", ".exit"):
             with contextlib.suppress(FileNotFoundError):
                 (self._run_dir / f"{alloc_id}{suffix}").unlink()
+        self.sandbox.release(alloc_id)
+        shutil.rmtree(self._app_dir(alloc_id), ignore_errors=True)
 
     def sample(self) -> Sample:
         with self._lock:
@@ -228,6 +280,27 @@ class LocalBackend:
         return Sample(samples, tuple(devices_out), modelled=read is None)
 
     # -- internals -----------------------------------------------------------------------------------------
+    def _app_dir(self, alloc_id: str) -> Path:
+        return self._apps_root / alloc_id
+
+    def _member(self, spec: LaunchSpec) -> Member:
+        devices: tuple[str, ...] = ()
+        if spec.devices and not self.gpus.simulated:
+            devices = (*_DRIVER_NODES, *(f"/dev/nvidia{d.index}" for d in spec.devices))
+        return Member(
+            alloc_id=spec.alloc_id,
+            project_id=spec.project_id,
+            project=spec.project,
+            workdir=self.workdir(spec.workload_id),
+            app_dir=self._app_dir(spec.alloc_id),
+            private_network=spec.kind == "inference",
+            port=spec.port,
+            cpu_milli=spec.cpu_milli,
+            memory_mib=spec.memory_mib,
+            devices=devices,
+            shared=(str(self._mps.pipe_dir), str(self._mps.log_dir)) if self._mps is not None else (),
+        )
+
     def _record(self, alloc_id: str) -> Path:
         return self._run_dir / f"{alloc_id}.json"
 
@@ -256,10 +329,13 @@ class LocalBackend:
         proc.wait()
         self._on_exit()
 
-    def _environment(self, spec: LaunchSpec, workdir: Path) -> tuple[dict[str, str], bool]:
+    def _environment(self, spec: LaunchSpec, member: Member) -> tuple[dict[str, str], bool]:
         # A clean environment: the server's own secrets (database URL, tokens) never reach a workload.
-        env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+        inherited = _SANDBOX_ENV if self.isolation.sandboxed else _BASE_ENV
+        env = {k: os.environ[k] for k in inherited if k in os.environ}
+        env.update(self.sandbox.home_env(member))
         env.update(spec.env)
+        workdir = member.workdir
         visible = ",".join(str(d.index) for d in spec.devices)
         env.update(
             {
@@ -299,6 +375,19 @@ class LocalBackend:
                 env.update(mps_env(self._mps, d.milli, d.memory_mib))
                 enforced = True
         return env, enforced
+
+
+def apps_root(data_dir: Path) -> Path:
+    """Where members' app sockets live. A socket's path has at most 107 bytes, which a data dir deep in a tree
+    can exceed; a root server keeps them short under /run, keyed by its data dir."""
+    if os.geteuid() != 0:
+        root = data_dir / "apps"
+    else:
+        key = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
+        Path("/run/gpupool").mkdir(mode=0o700, exist_ok=True)
+        root = Path("/run/gpupool") / key
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
 
 
 def _zombie(pid: int) -> bool:

@@ -1,0 +1,326 @@
+"""What keeps a local workload away from the server and from other projects' workloads.
+
+Each project gets an OS identity of its own: uid = gid = `uid_base + project id`, from a reserved range with no
+/etc/passwd entry on the host (as systemd's DynamicUser does), so nothing accumulates on the host and a deleted
+project leaves no account behind. A project, not a user, because a project is the unit that shares quota, files
+and work (every member may already cancel and read each other's workloads), as a Kubernetes namespace is.
+
+A member runs under bubblewrap, started by the (root) server and dropping to that identity with setpriv:
+- a private mount view: the system read-only, the server's data dir and HOME hidden behind empty tmpfs, its own
+  working directory bound writable, a private /tmp, and a passwd file that names its identity;
+- a private PID and IPC view: it sees and can signal only its own processes, and no other /proc/<pid>/environ;
+- no capabilities and no_new_privs (setuid binaries give nothing back);
+- apps (notebooks and inference services) listen where only the server can reach them: a notebook on a Unix
+  socket in a directory of its identity's (mode 700), a service in a network namespace of its own whose port is
+  bridged to such a socket;
+- CPU and memory requests become cgroup limits where the host lets the server create cgroups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+APP_DIR_INSIDE = "/run/gpupool"
+APP_SOCKET = "app.sock"
+CPU_PERIOD_US = 100_000
+
+
+class SandboxError(Exception):
+    """The host cannot isolate workloads as asked; the message says what is missing and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How CPU and memory requests are enforced: 'cgroup-v1', 'cgroup-v2', 'systemd' or 'advisory'."""
+
+    mode: str
+    root: Path | None = None
+    """Where per-member cgroups are made: the server's own cgroup (v2) or a controller's copy of it (v1)."""
+    cpu_root: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Isolation:
+    """What this host enforces; shown by `describe` and the server's start banner."""
+
+    sandboxed: bool
+    limits: Limits
+
+    def summary(self) -> dict[str, str]:
+        if not self.sandboxed:
+            return {
+                "identity": "advisory: workloads run as the server's user (--single-user); tenants are not isolated",
+                "filesystem": "advisory",
+                "processes": "advisory",
+                "apps": "advisory: reachable by anyone on this host",
+                "cpu_memory": "advisory",
+            }
+        limits = "advisory" if self.limits.mode == "advisory" else f"enforced ({self.limits.mode})"
+        return {
+            "identity": "enforced: an unprivileged uid of the project's own",
+            "filesystem": "enforced: bubblewrap; system read-only, own workdir and private /tmp writable",
+            "processes": "enforced: private PID and IPC namespaces",
+            "apps": "enforced: reachable only through the server's authenticating proxy",
+            "cpu_memory": limits,
+        }
+
+
+def probe(single_user: bool) -> Isolation:
+    """What this host can enforce. Raises SandboxError when workloads cannot get identities of their own and
+    single-user mode was not asked for."""
+    if single_user:
+        return Isolation(False, Limits("advisory"))
+    if os.geteuid() != 0:
+        raise SandboxError(
+            "gpupool runs workloads under identities of their own, which needs a server started as root; "
+            f"this one runs as uid {os.geteuid()}. Start it as root, or pass --single-user to run every workload "
+            "as this user with no isolation between tenants (one person's machine only)"
+        )
+    for tool, package in (("bwrap", "bubblewrap"), ("setpriv", "util-linux"), ("socat", "socat")):
+        if shutil.which(tool) is None:
+            raise SandboxError(f"{tool} is not installed: install Debian's {package} (or pass --single-user)")
+    box = ["bwrap", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-pid", "--unshare-net", "--"]
+    trial = subprocess.run([*box, "true"], capture_output=True, text=True, timeout=30)
+    if trial.returncode != 0:
+        raise SandboxError(
+            f"bubblewrap cannot make namespaces on this host ({trial.stderr.strip() or trial.returncode}); "
+            "a container needs CAP_SYS_ADMIN for it. Fix that, or pass --single-user"
+        )
+    return Isolation(True, _limits())
+
+
+def _limits() -> Limits:
+    if Path("/run/systemd/system").is_dir() and shutil.which("systemd-run"):
+        return Limits("systemd")
+    own = _own_cgroups()
+    unified = Path("/sys/fs/cgroup")
+    controllers = unified / "cgroup.controllers"
+    if controllers.exists():  # a pure v2 host: children of our cgroup, where its controllers are delegated
+        base = unified / own.get("", "/").lstrip("/") / "gpupool"
+        with contextlib.suppress(OSError):
+            base.mkdir(exist_ok=True)
+            (base / "cgroup.subtree_control").write_text("+cpu +memory")
+            return Limits("cgroup-v2", base)
+        return Limits("advisory")
+    memory, cpu = unified / "memory", unified / "cpu"
+    if memory.is_dir() and cpu.is_dir():
+        mem_root = memory / own.get("memory", "/").lstrip("/") / "gpupool"
+        cpu_root = cpu / own.get("cpu", own.get("cpu,cpuacct", "/")).lstrip("/") / "gpupool"
+        with contextlib.suppress(OSError):
+            mem_root.mkdir(exist_ok=True)
+            cpu_root.mkdir(exist_ok=True)
+            return Limits("cgroup-v1", mem_root, cpu_root)
+    return Limits("advisory")
+
+
+def _own_cgroups() -> dict[str, str]:
+    """This process's cgroup per controller ('' for the unified hierarchy)."""
+    out: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for c in controllers.split(","):
+                out[c] = path
+            if "," in controllers:
+                out[controllers] = path
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One member to be sandboxed: whose it is, where it works, and what it may use."""
+
+    alloc_id: str
+    project_id: int
+    project: str
+    workdir: Path
+    app_dir: Path
+    """Outside path of the directory holding its app socket."""
+    private_network: bool
+    """A network namespace of its own (inference services), with its port bridged to the app socket."""
+    port: int | None
+    cpu_milli: int
+    memory_mib: int
+    devices: tuple[str, ...] = ()
+    """Device nodes it may open (its GPUs' /dev/nvidiaN and the driver's control nodes)."""
+    shared: tuple[str, ...] = ()
+    """Directories of the server's it must reach at their own paths (the MPS daemon's pipes and logs)."""
+
+
+class Sandbox:
+    def __init__(self, data_dir: Path, isolation: Isolation, uid_base: int) -> None:
+        self.data_dir = data_dir
+        self.isolation = isolation
+        self.uid_base = uid_base
+        self._ids = data_dir / "identities"
+
+    def uid(self, project_id: int) -> int:
+        return self.uid_base + project_id
+
+    def app_socket(self, app_dir: Path) -> str:
+        """Where a notebook listens, as the notebook sees it."""
+        if not self.isolation.sandboxed:
+            return str(app_dir / APP_SOCKET)
+        return f"{APP_DIR_INSIDE}/{APP_SOCKET}"
+
+    def prepare(self, member: Member) -> None:
+        """The member's directories, owned by its identity and closed to everyone else."""
+        for d in (member.workdir, member.app_dir):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o700)
+            if self.isolation.sandboxed:
+                uid = self.uid(member.project_id)
+                os.chown(d, uid, uid)
+
+    def home_env(self, member: Member) -> dict[str, str]:
+        if not self.isolation.sandboxed:
+            return {}
+        user = f"gpupool-{member.project}"[:32]
+        return {"HOME": str(member.workdir), "USER": user, "LOGNAME": user}
+
+    def argv(self, member: Member, argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The command that runs `argv` sandboxed, and the cgroup.procs files the launcher joins first."""
+        if not self.isolation.sandboxed:
+            return argv, ()
+        uid = str(self.uid(member.project_id))
+        passwd, group = self._identity_files(member)
+        box = [*self.systemd_prefix(member), "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc",
+               "--unshare-uts", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
+        for scratch in ("/tmp", "/var/tmp", "/dev/shm"):  # private, and writable as a /tmp should be
+            box += ["--perms", "1777", "--tmpfs", scratch]  # fmt: skip
+        for hidden in self._hidden():
+            box += ["--tmpfs", hidden]
+        box += self._interpreter()
+        box += ["--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
+        # Its workdir at its own path, reachable by that path (the parents bwrap would make are closed).
+        box += ["--perms", "0755", "--dir", str(member.workdir.parent)]
+        box += ["--bind", str(member.workdir), str(member.workdir), "--bind", str(member.app_dir), APP_DIR_INSIDE]
+        for dev in member.devices:
+            if Path(dev).exists():
+                box += ["--dev-bind", dev, dev]
+        for shared in member.shared:
+            box += ["--bind", shared, shared]
+        if member.private_network:
+            box += ["--unshare-net"]
+        box += ["--chdir", str(member.workdir), "--"]
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+                "--inh-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
+        inner = argv
+        if member.private_network and member.port is not None:
+            # The service listens on its port inside its own network; only the app socket leads there.
+            bridge = (
+                f"socat UNIX-LISTEN:{APP_DIR_INSIDE}/{APP_SOCKET},fork,mode=600,unlink-early "
+                f"TCP:127.0.0.1:{member.port} & exec \"$@\""
+            )
+            inner = ("/bin/sh", "-c", bridge, "gpupool-app", *argv)
+        return (*box, *drop, *inner), self._cgroup(member)
+
+    def runs_python(self, module: str) -> bool:
+        """Whether a member can run this server's Python and import `module` (notebooks need JupyterLab): false
+        where the interpreter's files are not readable by other users."""
+        member = Member("probe", 0, "probe", self.data_dir / "probe" / "work", self.data_dir / "probe" / "app",
+                        False, None, 0, 0)  # fmt: skip
+        self.prepare(member)
+        argv, _ = self.argv(member, (sys.executable, "-c", f"import {module}"))
+        done = subprocess.run(argv, capture_output=True, timeout=120, cwd=member.workdir, check=False)
+        return done.returncode == 0
+
+    def release(self, alloc_id: str) -> None:
+        """Remove a member's cgroups once its processes are gone."""
+        for root in (self.isolation.limits.root, self.isolation.limits.cpu_root):
+            if root is not None:
+                with contextlib.suppress(OSError):
+                    (root / alloc_id).rmdir()
+
+    # -- internals -----------------------------------------------------------------------------------------
+    def _hidden(self) -> list[str]:
+        """Directories of the server's that a workload must not see even where their modes would allow it."""
+        out = {str(self.data_dir)}
+        with contextlib.suppress(KeyError):
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+            if home not in ("/", ""):
+                out.add(home)
+        return sorted(out)
+
+    def _interpreter(self) -> list[str]:
+        """bwrap arguments that let a member run this server's Python (notebooks do) where the sandbox's own
+        masks, or a private directory above it (pyenv's under root's home, say), would keep it out of reach:
+        the closed ancestor becomes an empty tmpfs (nothing in it was the member's to see), and the interpreter's
+        tree alone is bound back, read-only."""
+        masked = {"/tmp", "/var/tmp", "/run", "/dev/shm", *self._hidden()}
+        out: list[str] = []
+        for prefix in sorted({sys.prefix, sys.base_prefix}):
+            path = Path(prefix)
+            chain = [*reversed(path.parents), path][1:]  # from the top, without "/"
+            closed = next((a for a in chain if str(a) in masked or not os.stat(a).st_mode & 0o001), None)
+            if closed is None:
+                continue
+            if str(closed) not in masked and closed != path:
+                out += ["--tmpfs", str(closed)]
+            between = chain[chain.index(closed) + 1 : -1]
+            out += [x for a in between for x in ("--perms", "0755", "--dir", str(a))]
+            out += ["--ro-bind", prefix, prefix]
+        return out
+
+    def _identity_files(self, member: Member) -> tuple[Path, Path]:
+        uid = self.uid(member.project_id)
+        self._ids.mkdir(mode=0o700, parents=True, exist_ok=True)
+        name = f"gpupool-{member.project}"[:32]
+        entries = {
+            "passwd": f"{name}:x:{uid}:{uid}:gpupool project {member.project}:{member.workdir}:/bin/sh\n",
+            "group": f"{name}:x:{uid}:\n",
+        }
+        out = []
+        for kind, line in entries.items():
+            path = self._ids / f"{uid}.{kind}"
+            host = Path(f"/etc/{kind}").read_text()
+            text = host + ("" if host.endswith("\n") else "\n") + line
+            if not path.exists() or path.read_text() != text:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(text)
+                os.chmod(tmp, 0o644)
+                tmp.replace(path)
+            out.append(path)
+        # The directory stays the server's (700): bind mounts reach the files without it being traversable.
+        return out[0], out[1]
+
+    def _cgroup(self, member: Member) -> tuple[str, ...]:
+        limits = self.isolation.limits
+        if limits.mode not in ("cgroup-v1", "cgroup-v2") or limits.root is None:
+            return ()
+        procs: list[str] = []
+        mem = limits.root / member.alloc_id
+        cpu = (limits.cpu_root or limits.root) / member.alloc_id
+        for d in {mem, cpu}:
+            d.mkdir(exist_ok=True)
+            procs.append(str(d / "cgroup.procs"))
+        if limits.mode == "cgroup-v1":
+            if member.memory_mib > 0:
+                (mem / "memory.limit_in_bytes").write_text(str(member.memory_mib * 1024 * 1024))
+            if member.cpu_milli > 0:
+                (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                (cpu / "cpu.cfs_quota_us").write_text(str(member.cpu_milli * CPU_PERIOD_US // 1000))
+        else:
+            if member.memory_mib > 0:
+                (mem / "memory.max").write_text(str(member.memory_mib * 1024 * 1024))
+            if member.cpu_milli > 0:
+                (cpu / "cpu.max").write_text(f"{member.cpu_milli * CPU_PERIOD_US // 1000} {CPU_PERIOD_US}")
+        return tuple(sorted(procs))
+
+    def systemd_prefix(self, member: Member) -> tuple[str, ...]:
+        """On a systemd host, a transient scope carries the limits (systemd owns the cgroup tree there)."""
+        if self.isolation.limits.mode != "systemd":
+            return ()
+        out = ["systemd-run", "--scope", "--quiet", "--collect", f"--unit=gpupool-{member.alloc_id}"]
+        if member.memory_mib > 0:
+            out.append(f"--property=MemoryMax={member.memory_mib}M")
+        if member.cpu_milli > 0:
+            out.append(f"--property=CPUQuota={member.cpu_milli // 10}%")
+        return (*out, "--")

@@ -1,0 +1,125 @@
+"""The local sandbox on this host: what a member runs as and sees, and how its requests become limits."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from gpupool.backends.base import LaunchSpec
+from gpupool.backends.local import LocalBackend, discover
+from gpupool.backends.local.sandbox import Isolation, Limits, Member, Sandbox, probe
+
+UID_BASE = 1_900_000_000
+
+
+def _member(tmp_path: Path, **kw: object) -> Member:
+    fields: dict[str, object] = {
+        "alloc_id": "7-0-0", "project_id": 5, "project": "vision", "workdir": tmp_path / "data" / "workloads" / "7",
+        "app_dir": tmp_path / "apps" / "7-0-0", "private_network": False, "port": None, "cpu_milli": 0,
+        "memory_mib": 0,
+    }  # fmt: skip
+    fields.update(kw)
+    return Member(**fields)  # type: ignore[arg-type]
+
+
+def _run(backend: LocalBackend, spec: LaunchSpec, timeout: float = 20.0) -> tuple[int | None, str]:
+    backend.launch(spec)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = backend.observe()[spec.alloc_id]
+        if not seen.alive:
+            return seen.exit_code, Path(backend.log_path(spec.workload_id, spec.rank)).read_text()
+        time.sleep(0.02)
+    raise AssertionError(f"{spec.alloc_id} did not end")
+
+
+def test_a_member_runs_as_its_projects_identity_in_its_own_views(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    b = LocalBackend(data, "host", "default", discover("fake:1xH100-80GB"), isolation=probe(False))
+    marker = Path(tempfile.mkdtemp(prefix="gpupool-host-tmp-"))
+    script = (
+        'id -u; id -g; id -G; whoami; echo "home=$HOME"; pwd; test -e "$1" && echo "host /tmp" || echo "own /tmp"; '
+        'ls /proc > /tmp/procs; grep -c "^[0-9]" /tmp/procs; ls -A "$0"; '
+        "grep ^CapEff /proc/self/status; grep ^NoNewPrivs /proc/self/status"
+    )
+    argv = ("sh", "-c", script, str(data), str(marker))
+    spec = LaunchSpec("1-0-0", 1, "w", "vision", "training", argv, {}, project_id=5)
+    code, log = _run(b, spec)
+    workdir = data / "workloads" / "1"
+    uid = str(UID_BASE + 5)
+    assert code == 0, log
+    assert log.splitlines() == [
+        uid, uid, uid, "gpupool-vision", f"home={workdir}", str(workdir),
+        "own /tmp",
+        "3",  # its own PID view: the sandbox's keeper, the shell and its ls
+        "workloads",  # the data dir: nothing but the way to its own workdir
+        "CapEff:\t0000000000000000", "NoNewPrivs:\t1",
+    ]  # fmt: skip
+    assert workdir.stat().st_uid == UID_BASE + 5 and workdir.stat().st_mode & 0o777 == 0o700
+    marker.rmdir()
+
+
+def test_cpu_and_memory_requests_become_cgroup_limits(tmp_path: Path) -> None:
+    isolation = probe(False)
+    if isolation.limits.mode not in ("cgroup-v1", "cgroup-v2"):
+        pytest.fail(f"this host gives the server no cgroups to delegate ({isolation.limits.mode})")
+    box = Sandbox(tmp_path / "data", isolation, UID_BASE)
+    member = _member(tmp_path, cpu_milli=1500, memory_mib=256)
+    box.prepare(member)
+    _argv, procs = box.argv(member, ("true",))
+    limits = {Path(p).parent.name for p in procs}
+    assert limits == {"7-0-0"}
+    mem_dir = (isolation.limits.root or Path()) / "7-0-0"
+    cpu_dir = (isolation.limits.cpu_root or isolation.limits.root or Path()) / "7-0-0"
+    if isolation.limits.mode == "cgroup-v1":
+        assert (mem_dir / "memory.limit_in_bytes").read_text().strip() == str(256 * 1024 * 1024)
+        assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == "150000"
+        assert (cpu_dir / "cpu.cfs_period_us").read_text().strip() == "100000"
+    else:
+        assert (mem_dir / "memory.max").read_text().strip() == str(256 * 1024 * 1024)
+        assert (cpu_dir / "cpu.max").read_text().strip() == "150000 100000"
+    box.release("7-0-0")
+    assert not mem_dir.exists() and not cpu_dir.exists()
+
+
+def test_a_member_over_its_memory_limit_is_killed(tmp_path: Path) -> None:
+    isolation = probe(False)
+    assert isolation.limits.mode != "advisory"
+    b = LocalBackend(tmp_path / "data", "host", "default", discover("fake:1xH100-80GB"), isolation=isolation)
+    grow = "b = bytearray(64 << 20); print('64 MiB', flush=True); c = bytearray(512 << 20); print('576 MiB')"
+    spec = LaunchSpec("1-0-0", 1, "w", "p", "training", ("/usr/bin/python3", "-c", grow), {}, project_id=1,
+                      memory_mib=256)  # fmt: skip
+    code, log = _run(b, spec)
+    assert (code, log) == (137, "64 MiB\n")
+
+
+def test_a_service_gets_a_network_of_its_own_bridged_to_its_app_socket(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path / "data", Isolation(True, Limits("advisory")), UID_BASE)
+    argv, _ = box.argv(_member(tmp_path, private_network=True, port=8000), ("serve",))
+    assert "--unshare-net" in argv
+    bridge = argv[argv.index("-c") + 1]
+    assert bridge == (
+        "socat UNIX-LISTEN:/run/gpupool/app.sock,fork,mode=600,unlink-early TCP:127.0.0.1:8000 & exec \"$@\""
+    )
+    assert argv[-1] == "serve"
+    notebook, _ = box.argv(_member(tmp_path), ("lab",))
+    assert "--unshare-net" not in notebook and "socat" not in " ".join(notebook)
+
+
+def test_on_a_systemd_host_a_scope_carries_the_limits(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path / "data", Isolation(True, Limits("systemd")), UID_BASE)
+    argv, procs = box.argv(_member(tmp_path, cpu_milli=2500, memory_mib=1024), ("train",))
+    assert procs == ()
+    assert argv[: argv.index("bwrap")] == (
+        "systemd-run", "--scope", "--quiet", "--collect", "--unit=gpupool-7-0-0", "--property=MemoryMax=1024M",
+        "--property=CPUQuota=250%", "--",
+    )  # fmt: skip
+
+
+def test_single_user_mode_runs_commands_as_they_are(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path / "data", probe(True), UID_BASE)
+    assert box.argv(_member(tmp_path), ("python", "train.py")) == (("python", "train.py"), ())
+    assert probe(True).summary()["identity"].startswith("advisory")
