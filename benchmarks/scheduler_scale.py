@@ -51,6 +51,7 @@ from gpupool.core import (
 )
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.sim.apply import apply_decision
+from gpupool.sim.pools import shared_pools
 
 
 @dataclass(frozen=True)
@@ -355,7 +356,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # Phase 1: everything pending on an empty cluster.
     now = 1000.0
     workloads = tuple(factory.standard(now) for _ in range(args.pending))
-    snapshot = Snapshot(nodes, queues, workloads, now=now + 1.0)
+    # Devices are shared across projects as in the published runs; --private-devices measures the live default.
+    pools = {} if args.private_devices else shared_pools(nodes)
+    snapshot = Snapshot(nodes, queues, workloads, now=now + 1.0, pool_settings=pools)
     fill, fill_s, fill_steps = timed_schedule(snapshot, config, f"{profile}-fill.prof" if profile else None)
     fill_binds = len(fill.binds)
     placements_per_s = fill_binds / fill_s if fill_s > 0 else 0.0
@@ -417,6 +420,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1, help="seed of the workload and quota generator")
     parser.add_argument("--profile", metavar="PREFIX", help="cProfile the timed cycles into PREFIX-{fill,steady}.prof")
     parser.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
+    parser.add_argument(
+        "--private-devices", action="store_true", help="pools keep each device to one project (the live default)"
+    )
     args = parser.parse_args(argv)
     if args.nodes < 5 or args.pending < 1:
         parser.error("--nodes must be at least 5 and --pending at least 1")
