@@ -6,10 +6,13 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import sys
 from pathlib import Path
 
 import uvicorn
+from sqlalchemy import make_url
+from sqlalchemy.exc import OperationalError
 
 from gpupool.api.app import create_app
 from gpupool.api.deps import Context
@@ -65,7 +68,12 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.data_dir, 0o700)
     engine = make_engine(settings.database_url)
-    migrate(engine)
+    try:
+        migrate(engine)
+    except OperationalError as e:  # the driver's own words name host, user and reason, never the password
+        raise StartupError(
+            f"cannot use the store {_redact(settings.database_url)}: {' '.join(str(e.orig).split())}"
+        ) from None
     sessions = session_factory(engine)
     with sessions() as s:
         token = ensure_admin(s)
@@ -75,7 +83,10 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     if settings.backend == "kubernetes":
         from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 
-        kube = KubeSettings(settings.kubeconfig, settings.pool_label, settings.namespace_prefix, settings.default_image)
+        kube = KubeSettings(
+            settings.kubeconfig, settings.pool_label, settings.namespace_prefix, settings.default_image,
+            uid_base=settings.uid_base,
+        )  # fmt: skip
         backend = KubernetesBackend(kube, on_change=lambda: holder[0].wake() if holder else None)
     else:
         backend = LocalBackend(
@@ -100,10 +111,24 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     return Context(settings, sessions, backend, controller, principals), token_path
 
 
+def check_tls(settings: Settings) -> None:
+    """Load the certificate and key once before anything starts, so a bad pair is a clear error, not a traceback
+    (and an encrypted key is refused here rather than prompting for its passphrase)."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return
+    try:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(settings.tls_cert, settings.tls_key, password=lambda: b"")
+    except (OSError, ssl.SSLError) as e:
+        pair = f"--tls-cert {settings.tls_cert} / --tls-key {settings.tls_key}"
+        raise StartupError(f"{pair}: cannot load them (PEM, key unencrypted): {e}") from None
+
+
 def serve(settings: Settings, announce: bool = True) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the app proxy's every request otherwise
+    check_tls(settings)
     ctx, token_path = build(settings)
     nodes = ctx.backend.inventory()
     gpus = [d for n in nodes for d in n.devices]
@@ -122,16 +147,24 @@ def serve(settings: Settings, announce: bool = True) -> None:
             if not ctx.backend.capabilities().notebooks:
                 print(f"gpupool: notebooks are off: JupyterLab is not installed, or workloads cannot run "
                       f"{sys.executable} (its files must be readable by other users)")  # fmt: skip
-        print(f"gpupool: API on http://{settings.host}:{settings.port}  (docs at /docs)", flush=True)
+        if not settings.tls and settings.insecure_http:
+            print(f"gpupool: --insecure-http: plain HTTP on {settings.host}; tokens cross the network in clear "
+                  "unless TLS ends in front of this server")  # fmt: skip
+        scheme = "https" if settings.tls else "http"
+        print(f"gpupool: API on {scheme}://{settings.host}:{settings.port}  (docs at /docs)", flush=True)
     ctx.controller.start()
     try:
-        uvicorn.run(create_app(ctx), host=settings.host, port=settings.port, log_level="warning", access_log=False)
+        uvicorn.run(
+            create_app(ctx), host=settings.host, port=settings.port, log_level="warning", access_log=False,
+            ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
+        )  # fmt: skip
     finally:
         ctx.controller.stop()
 
 
 def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+    """A database URL fit to print: its password, if any, as ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL sqlalchemy reads: show nothing of what might be credentials
+        return url.split("://", 1)[0] + "://***" if "@" in url else url

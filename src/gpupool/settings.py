@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from sqlalchemy import make_url
+from sqlalchemy.exc import ArgumentError
 
 
 def default_data_dir() -> Path:
@@ -19,9 +22,16 @@ class Settings(BaseModel):
 
     data_dir: Path = Field(default_factory=default_data_dir)
     db_url: str | None = None
-    """SQLAlchemy URL; None: SQLite in data_dir."""
+    """SQLAlchemy URL, without a password; None: SQLite in data_dir."""
+    db_password: SecretStr | None = None
+    """The database password (from the environment or a file, never a command line), put into the URL in memory."""
     host: str = "127.0.0.1"
     port: int = Field(8470, ge=0, le=65535)
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; tls_key goes with it."""
+    tls_key: Path | None = None
+    insecure_http: bool = False
+    """Allow plain HTTP on an address other than loopback (TLS ends in front of the server, say)."""
     backend: Literal["local", "kubernetes"] = "local"
     kubeconfig: str | None = None
     """For the kubernetes backend; None: the in-cluster configuration."""
@@ -51,10 +61,63 @@ class Settings(BaseModel):
     public_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
     """How users reach this server (for app URLs); None: http://host:port."""
 
+    @model_validator(mode="after")
+    def _edges(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together: give both, or neither")
+        if not self.tls and not self.insecure_http and not loopback(self.host):
+            raise ValueError(
+                f"--host {self.host}: refusing to serve plain HTTP beyond this machine (tokens would cross the "
+                "network in clear). Give --tls-cert and --tls-key, or --insecure-http where TLS ends in front "
+                "of the server"
+            )
+        if self.db_url is not None:
+            check_db_url(self.db_url)
+            if self.db_password is not None and make_url(self.db_url).get_backend_name() == "sqlite":
+                raise ValueError("a database password was given, but the store is SQLite, which takes none")
+        elif self.db_password is not None:
+            raise ValueError("a database password was given without --db: the default store is SQLite")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None and self.tls_key is not None
+
     @property
     def public_base_url(self) -> str:
-        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+        scheme = "https" if self.tls else "http"
+        return (self.public_url or f"{scheme}://{self.host}:{self.port}").rstrip("/")
 
     @property
     def database_url(self) -> str:
-        return self.db_url or f"sqlite:///{self.data_dir / 'gpupool.db'}"
+        """The URL to connect with, the password included: keep it out of logs and messages."""
+        if self.db_url is None:
+            return f"sqlite:///{self.data_dir / 'gpupool.db'}"
+        if self.db_password is None:
+            return self.db_url
+        url = make_url(self.db_url).set(password=self.db_password.get_secret_value())
+        return url.render_as_string(hide_password=False)
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def check_db_url(url: str) -> None:
+    """A database URL must not carry a password: a command line is visible to every user of the host (ps,
+    /proc/<pid>/cmdline) and stays in shell history."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError("--db: not a database URL; expected postgresql://user@host/dbname or sqlite:///path") from None
+    if parsed.password or "password" in parsed.query:
+        raise ValueError(
+            "--db must not contain a password (a command line is visible to every user of the host): put it in "
+            "the environment variable GPUPOOL_DB_PASSWORD, or in a file only you can read (mode 600) and give "
+            "--db-password-file PATH"
+        )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpupool.backends.base import DeviceGrant, LaunchSpec
 from gpupool.backends.kubernetes.manifests import (
     GPU,
     SCHEDULER,
+    namespace_manifest,
     node_from,
     pod_manifest,
     pod_name,
@@ -75,3 +78,80 @@ def test_fractions_name_their_reserved_device_and_gangs_get_torchrun_variables()
     assert genv["MASTER_ADDR"] == "rank-0.train-resnet-17-0.gpupool-vision.svc"
     assert (genv["RANK"], genv["WORLD_SIZE"]) == ("1", "2")
     assert gang["spec"]["hostname"] == "rank-1" and gang["spec"]["subdomain"] == "train-resnet-17-0"
+
+
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": False,
+}
+
+
+def _confinement(pod: dict[str, object]) -> dict[str, object]:
+    spec = pod["spec"]
+    assert isinstance(spec, dict)
+    keys = ("securityContext", "automountServiceAccountToken", "hostNetwork", "hostPID", "hostIPC", "volumes")
+    return {k: spec.get(k) for k in keys} | {"container": spec["containers"][0]["securityContext"]}
+
+
+def test_pods_are_restricted_by_default_and_run_as_their_projects_own_non_root_identity() -> None:
+    pod = pod_manifest(_spec(project_id=7), "gpupool-vision", "img")
+    uid = 1_900_000_007
+    assert _confinement(pod) == {
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False, "hostNetwork": False, "hostPID": False, "hostIPC": False,
+        "volumes": None, "container": RESTRICTED_CONTAINER,
+    }  # fmt: skip
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["HOME"] == "/tmp"  # its uid has no passwd entry in the image: HOME would be an unwritable "/"
+    other = pod_manifest(_spec(project_id=8, env={"HOME": "/work"}), "gpupool-nlp", "img", uid_base=5_000_000)
+    assert other["spec"]["securityContext"]["runAsUser"] == 5_000_008
+    assert {"name": "HOME", "value": "/work"} in other["spec"]["containers"][0]["env"]
+
+
+def test_a_baseline_pod_runs_as_its_images_user_but_keeps_seccomp_and_no_privilege() -> None:
+    pod = pod_manifest(_spec(project_id=7, pod_security="baseline"), "gpupool-vision", "img")
+    assert _confinement(pod) == {
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "automountServiceAccountToken": False, "hostNetwork": False, "hostPID": False, "hostIPC": False,
+        "volumes": None, "container": {"allowPrivilegeEscalation": False, "privileged": False},
+    }  # fmt: skip
+    assert "HOME" not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_an_unknown_pod_security_level_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"^pod security 'privileged': expected one of restricted, baseline$"):
+        pod_manifest(_spec(pod_security="privileged"), "gpupool-vision", "img")
+
+
+def test_namespaces_carry_the_pod_security_admission_labels_of_their_level() -> None:
+    assert namespace_manifest("gpupool-vision", "restricted") == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": "gpupool-vision",
+            "labels": {
+                "gpupool.io/managed": "true",
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            },
+        },
+    }
+    labels = namespace_manifest("gpupool-nlp", "baseline")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_reservation_pods_are_restricted_and_run_as_nobody() -> None:
+    hold = reservation_manifest("gpu-1", 5, "img")
+    assert _confinement(hold) == {
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534, "fsGroup": 65534,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False, "hostNetwork": False, "hostPID": False, "hostIPC": False,
+        "volumes": None, "container": RESTRICTED_CONTAINER,
+    }  # fmt: skip

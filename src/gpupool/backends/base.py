@@ -41,6 +41,9 @@ class LaunchSpec:
     memory_mib: int = 0
     project_id: int = 0
     """Keys the member's OS identity where the backend gives each project one."""
+    pod_security: str = "restricted"
+    """How tightly a pod is confined (kubernetes): "restricted" (a non-root identity of its project's, no
+    capabilities) or "baseline" (the image's own user; no privilege escalation). An admin's per-project choice."""
 
 
 @dataclass(frozen=True, slots=True)

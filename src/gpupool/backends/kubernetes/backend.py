@@ -15,10 +15,14 @@ from gpupool.backends.kubernetes.manifests import (
     ALLOC,
     DEVICES,
     MANAGED,
+    PSA_ENFORCE,
     RESERVATION,
     SYSTEM_NAMESPACE,
+    UID_BASE,
+    check_level,
     gang_service_manifest,
     namespace_for,
+    namespace_manifest,
     node_from,
     pod_manifest,
     ready,
@@ -38,6 +42,8 @@ class KubeSettings:
     default_image: str = "python:3.12-slim"
     node_lost_after_s: float = 300.0
     """A node NotReady this long (or deleted) sends its workloads back to the queue."""
+    uid_base: int = UID_BASE
+    """Project p's restricted pods run as uid = gid = uid_base + p."""
 
 
 class KubernetesBackend:
@@ -66,7 +72,8 @@ class KubernetesBackend:
         self._launching: dict[tuple[str, int], set[str]] = {}
         """Devices whose sharer pods are being created, until the watch shows them."""
         self._forgotten: set[str] = set()
-        self._namespaces: set[str] = set()
+        self._namespaces: dict[str, str] = {}
+        """Namespace → the Pod Security level its labels are known to enforce."""
         self._not_ready_since: dict[str, float] = {}
         self._nodes: dict[str, dict[str, Any]] = {}
         self._background = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpupool-kube-delete")
@@ -106,13 +113,13 @@ class KubernetesBackend:
     # -- launch, stop, observe -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> None:
         ns = namespace_for(spec.project, self.settings.namespace_prefix)
-        self._ensure_namespace(ns)
+        self._ensure_namespace(ns, check_level(spec.pod_security))
         for d in spec.devices:
             if d.milli < 1000:
                 self._reserve(spec.node, d.index, spec.alloc_id)
         if spec.world_size > 1:
             self._create(lambda: self.core.create_namespaced_service(ns, gang_service_manifest(spec, ns)))
-        body = pod_manifest(spec, ns, self.settings.default_image)
+        body = pod_manifest(spec, ns, self.settings.default_image, self.settings.uid_base)
         self._create(lambda: self.core.create_namespaced_pod(ns, body))
 
     def stop(self, alloc_id: str, force: bool) -> None:
@@ -213,17 +220,33 @@ class KubernetesBackend:
             if e.status != 409:  # AlreadyExists: a retried launch, which is the point of deterministic names
                 raise
 
-    def _ensure_namespace(self, ns: str) -> None:
-        if ns in self._namespaces:
+    def _ensure_namespace(self, ns: str, level: str) -> None:
+        """Create it labelled for Pod Security Admission at `level`; one gpupool made earlier, perhaps at another
+        level (an admin changed the project's), is relabelled. Namespaces gpupool did not make are left alone."""
+        if self._namespaces.get(ns) == level:
             return
-        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {MANAGED: "true"}}}
-        self._create(lambda: self.core.create_namespace(body))
-        self._namespaces.add(ns)
+        body = namespace_manifest(ns, level)
+        try:
+            self.core.create_namespace(body)
+        except self._client.ApiException as e:
+            if e.status != 409:
+                raise
+            labels = self.core.read_namespace(ns).metadata.labels or {}
+            if labels.get(MANAGED) == "true" and labels.get(PSA_ENFORCE) != level:
+                try:
+                    self.core.patch_namespace(ns, {"metadata": {"labels": body["metadata"]["labels"]}})
+                except self._client.ApiException as e:
+                    if e.status != 403:
+                        raise
+                    # The pods still carry their own securityContext; the label is the API server's check of it.
+                    log.warning("cannot label namespace %s for pod security %s (gpupool needs patch on namespaces)",
+                                ns, level)  # fmt: skip
+        self._namespaces[ns] = level
 
     def _reserve(self, node: str, index: int, alloc_id: str) -> None:
         with self._lock:
             self._launching.setdefault((node, index), set()).add(alloc_id)
-        self._ensure_namespace(SYSTEM_NAMESPACE)
+        self._ensure_namespace(SYSTEM_NAMESPACE, "restricted")
         body = reservation_manifest(node, index, self.settings.default_image)
         self._create(lambda: self.core.create_namespaced_pod(SYSTEM_NAMESPACE, body))
 

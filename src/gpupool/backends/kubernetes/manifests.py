@@ -21,6 +21,14 @@ DEVICES = "gpupool.io/devices"
 SCHEDULER = "gpupool"
 SYSTEM_NAMESPACE = "gpupool-system"
 RESERVATION = "gpupool.io/reservation"
+POD_SECURITY_LEVELS = ("restricted", "baseline")
+"""Each is also the Pod Security Admission level its namespace enforces, so the API server holds pods to it."""
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
+PSA_ENFORCE_VERSION = "pod-security.kubernetes.io/enforce-version"
+UID_BASE = 1_900_000_000
+"""Project p's restricted pods run as uid = gid = UID_BASE + p, as the local backend's sandboxes do."""
+NOBODY = 65534
+"""Reservation pods only sleep: they run as nobody."""
 
 
 def dns(text: str, limit: int = 63) -> str:
@@ -96,7 +104,39 @@ def ready(obj: Mapping[str, Any]) -> bool:
     return False
 
 
-def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str) -> dict[str, Any]:
+def check_level(level: str) -> str:
+    if level not in POD_SECURITY_LEVELS:
+        raise ValueError(f"pod security {level!r}: expected one of {', '.join(POD_SECURITY_LEVELS)}")
+    return level
+
+
+def security_contexts(level: str, uid: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod's and the container's securityContext at a level. Both levels keep the RuntimeDefault seccomp
+    profile and refuse privilege and its escalation; "restricted" also runs as a non-root `uid` (group and
+    fsGroup the same) with every capability dropped, which is what Pod Security's `restricted` demands. The
+    root filesystem stays writable: images write to /tmp, caches and package directories."""
+    check_level(level)
+    seccomp = {"seccompProfile": {"type": "RuntimeDefault"}}
+    container: dict[str, Any] = {"allowPrivilegeEscalation": False, "privileged": False}
+    if level == "baseline":
+        return seccomp, container
+    pod = {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid, **seccomp}
+    return pod, {**container, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": False}
+
+
+def namespace_manifest(name: str, level: str) -> dict[str, Any]:
+    """A namespace gpupool made, whose Pod Security Admission labels make the API server enforce `level`."""
+    labels = {MANAGED: "true", PSA_ENFORCE: check_level(level), PSA_ENFORCE_VERSION: "latest"}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def _confined(pod_spec: dict[str, Any], security: dict[str, Any]) -> dict[str, Any]:
+    """Never the node's network, process or IPC namespaces (and no volumes at all, so no hostPath)."""
+    return {**pod_spec, "hostNetwork": False, "hostPID": False, "hostIPC": False, "securityContext": security}
+
+
+def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str, uid_base: int = UID_BASE) -> dict[str, Any]:
+    pod_security, container_security = security_contexts(spec.pod_security, uid_base + spec.project_id)
     whole = [d for d in spec.devices if d.milli >= 1000]
     shared = [d for d in spec.devices if d.milli < 1000]
     env = dict(spec.env)
@@ -118,6 +158,9 @@ def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str) -> dict[s
         env["NVIDIA_VISIBLE_DEVICES"] = "none"
     if spec.port is not None:
         env["PORT"] = str(spec.port)
+    if spec.pod_security == "restricted":
+        # Its uid has no passwd entry in the image, so HOME would be "/", where it cannot write its caches.
+        env.setdefault("HOME", "/tmp")
     labels = {
         MANAGED: "true",
         WORKLOAD_ID: str(spec.workload_id),
@@ -162,6 +205,7 @@ def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str) -> dict[s
         "image": spec.image or default_image,
         "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
         "resources": resources,
+        "securityContext": container_security,
     }
     if spec.argv:
         container["command"] = list(spec.argv)
@@ -180,12 +224,20 @@ def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str) -> dict[s
                 DEVICES: ",".join(f"{d.index}:{d.milli}" for d in spec.devices),
             },
         },
-        "spec": pod_spec,
+        "spec": _confined(pod_spec, pod_security),
     }
 
 
 def reservation_manifest(node: str, index: int, image: str) -> dict[str, Any]:
     name = dns(f"reservation-{node}", 55) + f"-{index}"
+    pod_security, container_security = security_contexts("restricted", NOBODY)
+    hold = {
+        "name": "hold",
+        "image": image,
+        "command": ["sleep", "infinity"],
+        "resources": {"limits": {GPU: "1"}},
+        "securityContext": container_security,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -200,17 +252,18 @@ def reservation_manifest(node: str, index: int, image: str) -> dict[str, Any]:
             },
             "annotations": {"gpupool.io/node-name": node},
         },
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "nodeName": node,
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [
-                {"name": "hold", "image": image, "command": ["sleep", "infinity"], "resources": {"limits": {GPU: "1"}}}
-            ],
-        },
+        "spec": _confined(
+            {
+                "schedulerName": SCHEDULER,
+                "nodeName": node,
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 0,
+                "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [hold],
+            },
+            pod_security,
+        ),
     }
 
 
