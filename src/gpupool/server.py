@@ -107,7 +107,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     )
     holder.append(controller)
     controller.register_nodes()
-    principals = PrincipalCache(secret=session_secret(settings.data_dir))
+    principals = PrincipalCache(first_admin_file=settings.data_dir / "admin-token")
     return Context(settings, sessions, backend, controller, principals), token_path
 
 
@@ -138,7 +138,7 @@ def serve(settings: Settings, announce: bool = True) -> None:
         where = f"{len(nodes)} node(s), " if settings.backend == "kubernetes" else ""
         print(f"gpupool: {where}{len(gpus)} GPUs ({kind}: {models or 'none'}), store {_redact(settings.database_url)}")
         if token_path:
-            print(f"gpupool: first start; the admin token is in {token_path} (readable only by you)")
+            print(f"gpupool: first start; the admin token is in {token_path} (readable only by you; removed once used)")
         if settings.backend == "local" and settings.single_user:
             print("gpupool: --single-user: workloads run as this server's user; tenants are NOT isolated")
         elif settings.backend == "local":

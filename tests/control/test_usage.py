@@ -38,7 +38,7 @@ def _org(s: Session) -> dict[str, QueueRow]:
         s.add(q)
         out[name] = q
     s.add(NodeRow(name="n1", backend="local", pool="h100", cpu_milli=8000, memory_mib=1, devices=[], updated_at=0))
-    s.add_all(UserRow(id=i, name=n, role="member", token_hash=n, created_at=0) for i, n in ((1, "ana"), (2, "bo")))
+    s.add_all(UserRow(id=i, name=n, role="member", created_at=0) for i, n in ((1, "ana"), (2, "bo")))
     s.flush()
     return out
 

@@ -51,6 +51,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._admin_token: str | None = None
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") and k != "XDG_CONFIG_HOME"} | {
             "XDG_CONFIG_HOME": str(root / "config")
         }
@@ -62,6 +63,8 @@ class Server:
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - the server keeps it for its whole life
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         wait_for(self._healthy, 60, f"the server to answer (log: {self.root / 'server.log'})")
+        if self._admin_token is None:  # the server removes the file once the token is first used
+            self._admin_token = (self.data_dir / "admin-token").read_text().strip()
         return self
 
     def _healthy(self) -> bool:
@@ -85,7 +88,8 @@ class Server:
 
     @property
     def admin_token(self) -> str:
-        return (self.data_dir / "admin-token").read_text().strip()
+        assert self._admin_token is not None, "the server has not started"
+        return self._admin_token
 
     def client(self, token: str | None = None) -> Client:
         return Client(self.url, token or self.admin_token)

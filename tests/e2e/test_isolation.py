@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from tests.e2e.conftest import GPUPOOL, Server, free_port, wait_for
 
@@ -64,6 +66,8 @@ out["root_home_view"] = sorted(os.listdir("/root"))
 # What it is owed: its own workdir, its environment, its GPU.
 attempt("own_workdir_write", lambda: write_into(os.getcwd()))
 out["own_secret"] = os.environ.get("MY_SECRET")
+out["project_secrets"] = sorted(k for k in os.environ if k.endswith("_KEY"))
+out["red_key"] = os.environ.get("RED_KEY")
 out["gpus"] = os.environ.get("CUDA_VISIBLE_DEVICES")
 out["uid"] = os.getuid()
 print("RESULT " + json.dumps(out), flush=True)
@@ -103,6 +107,9 @@ def test_a_workload_cannot_reach_another_projects_workloads_or_the_server(
     s.cli("project", "create", "blue", "--deserved-gpus", "1")
     red = s.json("user", "create", "rita", "--project", "red")["token"]
     blue = s.json("user", "create", "bob", "--project", "blue")["token"]
+    s.cli("project", "set", "blue", "--production-allowed")  # its member runs a service at production priority
+    s.cli("secret", "set", "RED_KEY", "-p", "red", "--value", "red-secret", token=red)
+    s.cli("secret", "set", "BLUE_KEY", "-p", "blue", "--value", "blue-secret", token=blue)
 
     # The victim: a service with a secret in its environment and a file in its workdir.
     serve = ["sh", "-c", 'echo classified > secret.txt; exec python3 -m http.server "$PORT" --bind 0.0.0.0']
@@ -143,10 +150,16 @@ def test_a_workload_cannot_reach_another_projects_workloads_or_the_server(
         "root_home_view": sorted({Path(p).parts[2] for p in (sys.prefix, sys.base_prefix) if p.startswith("/root/")}),
         "own_workdir_write": "succeeded",
         "own_secret": "red-own",
+        "project_secrets": ["RED_KEY"],  # its project's secret, and not the other's
+        "red_key": "red-secret",
         "gpus": "0",
         "uid": (s.data_dir / "workloads" / str(attacker["id"])).stat().st_uid,
     }
     assert got["uid"] >= 1_900_000_000 and got["uid"] != victim_dir.stat().st_uid
+    # Secrets are never shown back, not even to their project.
+    listed = s.json("secret", "list", "-p", "red", token=red)
+    assert [(x["name"], sorted(x)) for x in listed] == [("RED_KEY", ["name", "project", "updated_at", "updated_by"])]
+    assert "red-secret" not in json.dumps(s.json("describe", "attacker", token=red))
     assert (victim_dir / "secret.txt").read_text() == "classified\n"
     assert not (victim_dir / "planted.txt").exists()
 
@@ -193,3 +206,46 @@ def test_single_user_mode_says_at_every_start_that_tenants_are_not_isolated(nobo
     finally:
         proc.kill()
         proc.wait(10)
+
+
+ECHO = """
+import os
+from websockets.sync.server import serve
+
+def echo(ws):
+    for message in ws:
+        ws.send(message)
+
+with serve(echo, "127.0.0.1", int(os.environ["PORT"])) as server:
+    server.serve_forever()
+"""
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_member_removed_from_the_project_loses_an_open_app_connection(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:1xH100-80GB", "--app-recheck", "1")
+    s.cli("project", "create", "lab", "--deserved-gpus", "1")
+    s.cli("project", "set", "lab", "--production-allowed")
+    bob = s.json("user", "create", "bob", "--project", "lab")["token"]
+    s.cli("submit", "-p", "lab", "--type", "inference", "--name", "echo", "--port", "8000", "--",
+          sys.executable, "-c", ECHO, token=bob)  # fmt: skip
+    s.wait_state("echo", "running", timeout=60)
+    url = f"{s.url.replace('http://', 'ws://')}/apps/lab/echo/"
+    with connect(url, additional_headers={"Authorization": f"Bearer {bob}"}, open_timeout=10) as ws:
+        ws.send("hello")
+        assert ws.recv(timeout=10) == "hello"
+        s.cli("member", "remove", "lab", "bob")
+
+        def closed() -> bool:
+            try:
+                ws.recv(timeout=0.2)
+            except TimeoutError:
+                return False
+            except ConnectionClosed:
+                return True
+            return False
+
+        wait_for(closed, 10, "the proxy to close the removed member's connection")
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, additional_headers={"Authorization": f"Bearer {bob}"}, open_timeout=10)
+    assert refused.value.response.status_code == 403  # refused before the handshake is accepted

@@ -59,6 +59,14 @@ def test_an_inference_service_is_healthy_once_it_answers(org_server: Server) -> 
     assert url == f"{s.url}/apps/vision/api/"
     assert httpx.get(url, headers={"Authorization": f"Bearer {s.admin_token}"}, timeout=5).status_code == 200
     assert httpx.get(url, timeout=5).status_code == 401
+    # Its clients use an API key made for it: it opens this service and nothing else, until revoked.
+    key = s.json("token", "create", "clients", "-p", "vision", "--app", "api")
+    with_key = {"Authorization": f"Bearer {key['token']}"}
+    assert key["token"].startswith("gpk_") and key["kind"] == "apikey"
+    assert httpx.get(url, headers=with_key, timeout=5).status_code == 200
+    assert httpx.get(f"{s.url}/api/v1/whoami", headers=with_key, timeout=5).status_code == 401
+    s.cli("token", "revoke", str(key["id"]))
+    assert httpx.get(url, headers=with_key, timeout=5).status_code == 401
     training = s.cli("open", "api-missing", check=False)
     assert training.returncode == 1
 

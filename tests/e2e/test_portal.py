@@ -123,8 +123,12 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
     page.click("nav a[data-page=workloads]")
     page.locator("tr[data-name=my-nb]").get_by_role("button", name="Cancel").click()
     expect(page.locator("tr[data-name=my-nb] .state")).to_have_text("cancelled", timeout=30_000)
+    session = page.evaluate("sessionStorage.getItem('gpupool-token')")
+    assert httpx.get(f"{s.url}/api/v1/whoami", headers={"Authorization": f"Bearer {session}"}).status_code == 200
     page.click("#signout")
     expect(page.locator("#pw")).to_be_visible()
+    # Signing out ended the session on the server, not only in this tab.
+    assert httpx.get(f"{s.url}/api/v1/whoami", headers={"Authorization": f"Bearer {session}"}).status_code == 401
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

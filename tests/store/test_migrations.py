@@ -26,3 +26,40 @@ def test_migrations_match_the_models(backend: str, tmp_path: Path, request: pyte
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_tenancy_keeps_every_users_token_and_viewers_stay_viewers(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import text
+
+    from gpupool.services.auth import authenticate, hash_token
+    from gpupool.store.engine import MIGRATIONS, session_factory
+
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    else:
+        pg: Postgres = request.getfixturevalue("postgres")
+        url = pg.new_database()
+    engine = make_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0004")
+        conn.execute(text("INSERT INTO queues (name, kind, strict_fifo, policy, created_at) "
+                          "VALUES ('lab', 'project', false, '{}', 0)"))  # fmt: skip
+        for uid, name, role in ((1, "ana", "member"), (2, "vic", "viewer")):
+            conn.execute(
+                text("INSERT INTO users (id, name, role, token_hash, created_at) VALUES (:i, :n, :r, :h, 0)"),
+                {"i": uid, "n": name, "r": role, "h": hash_token(f"gp_{name}")},
+            )
+            conn.execute(text("INSERT INTO memberships (user_id, project_id) VALUES (:i, 1)"), {"i": uid})
+    migrate(engine)
+    with session_factory(engine)() as s:
+        ana, vic = authenticate(s, "gp_ana"), authenticate(s, "gp_vic")
+        assert ana is not None and vic is not None
+        assert (dict(ana.projects), dict(vic.projects)) == ({1: "member"}, {1: "viewer"})

@@ -10,9 +10,10 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpupool import __version__
+from gpupool.api.auditing import AuditTrail
 from gpupool.api.deps import Context
 from gpupool.api.errors import BodyLimit, validation_error
-from gpupool.api.routers import apps, nodes, org, pools, portal, system, workloads
+from gpupool.api.routers import access, apps, nodes, org, pools, portal, system, workloads
 from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
 
@@ -73,7 +74,7 @@ def create_app(ctx: Context) -> FastAPI:
 
     app.include_router(system.router)
     app.include_router(apps.router)
-    for r in (org.router, workloads.router, nodes.router, pools.router, portal.router):
+    for r in (org.router, access.router, workloads.router, nodes.router, pools.router, portal.router):
         app.include_router(r, prefix="/api/v1")
 
     # The portal: static files that hold no data; every figure they show comes from the API with the
@@ -85,5 +86,6 @@ def create_app(ctx: Context) -> FastAPI:
     app.mount("/portal", StaticFiles(directory=STATIC), name="portal")
 
     app.add_middleware(BodyLimit)  # inside SecurityHeaders, so that a 413 carries the headers too
+    app.add_middleware(AuditTrail)  # outside BodyLimit: a refused body is recorded too
     app.add_middleware(SecurityHeaders)
     return app

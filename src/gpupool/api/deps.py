@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpupool.backends.base import Backend
 from gpupool.control.controller import Controller
 from gpupool.services.auth import Principal, PrincipalCache
+from gpupool.services.sessions import LoginLimiter
 from gpupool.settings import Settings
 
 
@@ -24,6 +25,7 @@ class Context:
     backend: Backend
     controller: Controller
     principals: PrincipalCache = field(default_factory=PrincipalCache)
+    limiter: LoginLimiter = field(default_factory=LoginLimiter)
 
 
 # The dependencies are coroutines that do no blocking I/O of their own (a session connects lazily; a cached
@@ -46,7 +48,7 @@ async def get_session(ctx: Annotated[Context, Depends(get_context)]) -> AsyncIte
 
 # With auto_error=False a missing header, another scheme ("Basic ...") or "Bearer" alone all give None here,
 # and so the same 401 below (auto_error=True would answer 403 for some of them).
-_bearer = HTTPBearer(auto_error=False)
+bearer = HTTPBearer(auto_error=False)
 MAX_TOKEN = 256
 
 
@@ -57,9 +59,10 @@ def plausible_token(token: str) -> bool:
 
 
 async def get_principal(
+    request: Request,
     ctx: Annotated[Context, Depends(get_context)],
     session: Annotated[Session, Depends(get_session)],
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
     who = None
     if creds is not None and plausible_token(creds.credentials):
@@ -68,6 +71,7 @@ async def get_principal(
             who = await run_in_threadpool(ctx.principals.get, session, creds.credentials)
     if who is None:
         raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+    request.state.principal = who  # for the audit trail
     return who
 
 

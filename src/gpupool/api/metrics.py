@@ -6,6 +6,7 @@ Device metrics use the DCGM exporter's names and labels, so dashboards built for
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -19,11 +20,15 @@ from gpupool.store.tables import EventRow, NodeRow, QueueRow, UsageRow, Workload
 _DCGM = ["gpu", "UUID", "Hostname", "modelName"]
 
 
-def render(session: Session, controller: Controller) -> tuple[bytes, str]:
+def render(
+    session: Session, controller: Controller, visible: Callable[[int], bool] = lambda _: True
+) -> tuple[bytes, str]:
+    """Everything for admins and the scrape token; a non-admin's series name only the projects it may read
+    (devices' allocation and activity carry no tenant)."""
     reg = CollectorRegistry()
     g = _Gauges(reg)
     names = {q.id: q.name for q in session.scalars(select(QueueRow))}
-    projects = {q.id: q for q in session.scalars(select(QueueRow).where(QueueRow.kind == "project"))}
+    projects = {q.id: q for q in session.scalars(select(QueueRow).where(QueueRow.kind == "project")) if visible(q.id)}
 
     held = holdings(session)
     used, per_project = by_device(held), by_project(held)
@@ -45,8 +50,10 @@ def render(session: Session, controller: Controller) -> tuple[bytes, str]:
         g.queue_depth.labels(q.name).set(0)
         g.oldest_pending.labels(q.name).set(0)
     decision = controller.last_decision
+    shown = {q.name for q in projects.values()}
     for share in decision.shares if decision else ():
-        g.fair_share.labels(share.queue, share.pool).set(share.fair_share / 1000)
+        if share.queue in shown or all(visible(pid) for pid in names):
+            g.fair_share.labels(share.queue, share.pool).set(share.fair_share / 1000)
     now = time.time()
     waiting = session.execute(
         select(WorkloadRow.project_id, func.count(), func.min(WorkloadRow.queued_at))
@@ -54,12 +61,21 @@ def render(session: Session, controller: Controller) -> tuple[bytes, str]:
         .group_by(WorkloadRow.project_id)
     )
     for project_id, count, oldest in waiting:
-        g.queue_depth.labels(names[project_id]).set(count)
-        g.oldest_pending.labels(names[project_id]).set(max(0.0, now - oldest))
-    for state, count in session.execute(select(WorkloadRow.state, func.count()).group_by(WorkloadRow.state)):
+        if project_id in projects:
+            g.queue_depth.labels(names[project_id]).set(count)
+            g.oldest_pending.labels(names[project_id]).set(max(0.0, now - oldest))
+    mine = sorted(projects)
+    for state, count in session.execute(
+        select(WorkloadRow.state, func.count()).where(WorkloadRow.project_id.in_(mine)).group_by(WorkloadRow.state)
+    ):
         g.states.labels(state).set(count)
     for reason in ("reclaim", "preempt", "consolidate", "gang-broken", "idle", "max-runtime"):
-        n = session.scalar(select(func.count()).select_from(EventRow).where(EventRow.reason.like(f"{reason}:%")))
+        n = session.scalar(
+            select(func.count())
+            .select_from(EventRow)
+            .join(WorkloadRow, EventRow.workload_id == WorkloadRow.id)
+            .where(EventRow.reason.like(f"{reason}:%"), WorkloadRow.project_id.in_(mine))
+        )
         g.evictions.labels(reason).inc(n or 0)
     usage = session.execute(
         select(WorkloadRow.project_id, func.sum(UsageRow.milli_seconds), func.sum(UsageRow.busy_milli_seconds))
@@ -67,6 +83,8 @@ def render(session: Session, controller: Controller) -> tuple[bytes, str]:
         .group_by(WorkloadRow.project_id)
     )
     for project_id, allocated, busy in usage:
+        if project_id not in projects:
+            continue
         g.allocated_seconds.labels(names[project_id]).inc((allocated or 0) / 1000)
         g.idle_seconds.labels(names[project_id]).inc(max(0.0, (allocated or 0) - (busy or 0)) / 1000)
     g.cycle.set(controller.last_cycle_s)

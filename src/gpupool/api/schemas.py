@@ -25,6 +25,7 @@ def _dns_safe(value: str) -> str:
 
 Name = Annotated[str, AfterValidator(_dns_safe)]
 Role = Literal["admin", "member", "viewer"]
+CallerRole = Literal["admin", "department-admin", "member", "viewer"]
 WorkloadType = Literal["notebook", "training", "inference", "batch"]
 WorkloadState = Literal["pending", "starting", "running", "succeeded", "failed", "cancelled", "preempted", "suspended"]
 T = TypeVar("T")
@@ -84,6 +85,8 @@ class QueuePublic(Wire):
     strict_fifo: bool = False
     allocated_gpus: float = 0
     """GPUs its running workloads hold now (all pools)."""
+    production_allowed: bool = False
+    pod_security: str = "restricted"
 
 
 Kind = Literal["notebook", "training", "inference", "batch"]
@@ -263,11 +266,13 @@ class LoginResponse(Wire):
     token: str
     expires_at: float
     name: str
-    role: Role
+    role: CallerRole
 
 
 class PasswordSet(Wire):
     password: str = Field(min_length=8, max_length=1024)
+    current: str | None = Field(None, max_length=1024)
+    """Your current password, when you change your own (and have one)."""
 
 
 class ShareLine(Wire):
@@ -295,8 +300,10 @@ class TimelinePoint(Wire):
 
 class WhoAmI(Wire):
     name: str
-    role: Role
+    role: CallerRole
     projects: list[str]
+    departments: list[str] = Field(default_factory=list)
+    """Departments the caller administers."""
 
 
 class Health(Wire):

@@ -22,7 +22,7 @@ Pool = Annotated[str, typer.Option("--pool", help="The pool (node group) these G
 
 def login(
     url: Annotated[str, typer.Option("--url", help="The server, e.g. http://127.0.0.1:8470")],
-    token: Annotated[str, typer.Option("--token", help="Your token (the admin's is in <data-dir>/admin-token).")],
+    token: Annotated[str, typer.Option("--token", help="Your token (`gpupool token create`, or the admin's first).")],
 ) -> None:
     """Save the server and token for later commands (mode 600)."""
     with Client(url, token) as c:
@@ -155,10 +155,14 @@ def user_password(
             "--password", prompt=True, hide_input=True, confirmation_prompt=True, help="At least 8 characters."
         ),
     ],
+    current: Annotated[
+        str | None, typer.Option("--current", help="Your current password, to change your own.")
+    ] = None,
 ) -> None:
-    """Set a user's password for the portal (your own, or anyone's as an admin)."""
+    """Set a user's password for the portal: your own (with --current, where you have one; your other sessions
+    end), or anyone's as an admin."""
     with client() as c:
-        c.set_password(name, password)
+        c.set_password(name, password, current)
     print(f"password of {name} set")
 
 

@@ -32,7 +32,7 @@ def policies() -> None:
 
 
 def _register() -> None:
-    from gpupool.cli import admin, policy, pools, server_cmd, simulate, workloads
+    from gpupool.cli import access, admin, policy, pools, server_cmd, simulate, workloads
 
     app.command()(server_cmd.server)
     app.command()(admin.login)
@@ -41,6 +41,12 @@ def _register() -> None:
     app.add_typer(admin.project_app, name="project")
     app.add_typer(admin.user_app, name="user")
     app.add_typer(pools.pool_app, name="pool")
+    app.add_typer(access.token_app, name="token")
+    app.add_typer(access.member_app, name="member")
+    app.add_typer(access.audit_app, name="audit")
+    app.add_typer(access.secret_app, name="secret")
+    admin.project_app.command("set")(access.project_set)
+    app.command()(access.logout)
     admin.project_app.command("policy")(policy.policy)
     admin.department_app.command("policy")(policy.policy)
     app.add_typer(policy.report_app, name="report")

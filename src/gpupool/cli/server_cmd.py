@@ -81,6 +81,9 @@ def server(
     public_url: Annotated[
         str | None, typer.Option("--public-url", help="How users reach this server, e.g. https://gpu.example.org.")
     ] = None,
+    app_recheck: Annotated[
+        float, typer.Option("--app-recheck", help="Seconds between re-checks of an open app connection's rights.")
+    ] = 30.0,
 ) -> None:
     """Start gpupool: API on 127.0.0.1:8470, scheduler, local backend, SQLite store."""
     from gpupool.server import StartupError, serve
@@ -97,6 +100,7 @@ def server(
             tls_cert=tls_cert, tls_key=tls_key, insecure_http=insecure_http, gpus=gpus, pool=pool,
             interval_s=interval, grace_s=grace, min_runtime_s=overrides or None, telemetry_interval_s=telemetry,
             prices=prices, single_user=single_user, uid_base=uid_base, public_url=public_url,
+            app_recheck_s=app_recheck,
         )  # fmt: skip
     except ValidationError as e:
         # The messages only: pydantic's own text would echo the input, a database URL included.

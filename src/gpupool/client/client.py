@@ -7,6 +7,17 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
+from gpupool.api.access import (
+    AuditPublic,
+    MemberPublic,
+    MemberSet,
+    ProjectSettings,
+    SecretPublic,
+    SecretSet,
+    TokenCreate,
+    TokenCreated,
+    TokenPublic,
+)
 from gpupool.api.schemas import (
     DepartmentCreate,
     Health,
@@ -128,11 +139,55 @@ class Client:
     def create_user(self, body: UserCreate) -> UserCreated:
         return self._send(UserCreated, "POST", "/api/v1/users", body)
 
-    def set_password(self, name: str, password: str) -> None:
-        self._call("PUT", f"/api/v1/users/{name}/password", json={"password": password})
+    def set_password(self, name: str, password: str, current: str | None = None) -> None:
+        body = {"password": password, **({"current": current} if current is not None else {})}
+        self._call("PUT", f"/api/v1/users/{name}/password", json=body)
 
     def list_users(self) -> list[UserPublic]:
         return self._list(UserPublic, "/api/v1/users")
+
+    def logout(self) -> None:
+        self._call("POST", "/api/v1/logout")
+
+    # -- access ---------------------------------------------------------------------------------------------
+    def create_token(self, body: TokenCreate) -> TokenCreated:
+        return self._send(TokenCreated, "POST", "/api/v1/tokens", body)
+
+    def list_tokens(self, revoked: bool = False) -> list[TokenPublic]:
+        return self._list(TokenPublic, "/api/v1/tokens", params={"revoked": revoked})
+
+    def revoke_token(self, token_id: int) -> TokenPublic:
+        return self._send(TokenPublic, "DELETE", f"/api/v1/tokens/{token_id}")
+
+    def list_members(self, queue: str) -> list[MemberPublic]:
+        return self._list(MemberPublic, f"/api/v1/queues/{queue}/members")
+
+    def set_member(self, queue: str, user: str, role: str) -> MemberPublic:
+        body = MemberSet.model_validate({"role": role})
+        return self._send(MemberPublic, "PUT", f"/api/v1/queues/{queue}/members/{user}", body)
+
+    def remove_member(self, queue: str, user: str) -> None:
+        self._call("DELETE", f"/api/v1/queues/{queue}/members/{user}")
+
+    def update_project(self, name: str, body: ProjectSettings) -> QueuePublic:
+        return self._send(QueuePublic, "PATCH", f"/api/v1/projects/{name}", body)
+
+    def set_secret(self, project: str, name: str, value: str) -> SecretPublic:
+        return self._send(SecretPublic, "PUT", f"/api/v1/projects/{project}/secrets/{name}", SecretSet(value=value))
+
+    def list_secrets(self, project: str) -> list[SecretPublic]:
+        return self._list(SecretPublic, f"/api/v1/projects/{project}/secrets")
+
+    def delete_secret(self, project: str, name: str) -> None:
+        self._call("DELETE", f"/api/v1/projects/{project}/secrets/{name}")
+
+    def audit(self, since: float | None = None, actor: str | None = None, limit: int = 200) -> list[AuditPublic]:
+        params: dict[str, Any] = {"limit": limit}
+        if since is not None:
+            params["since"] = since
+        if actor is not None:
+            params["actor"] = actor
+        return self._list(AuditPublic, "/api/v1/audit", params=params)
 
     # -- workloads ------------------------------------------------------------------------------------------
     def submit(self, body: WorkloadCreate, idempotency_key: str | None = None) -> WorkloadPublic:

@@ -107,6 +107,8 @@ def launch_spec(
     project: str,
     node: NodeRow | None,
     app_socket: Callable[[str], str] | None = None,
+    secrets: dict[str, str] | None = None,
+    pod_security: str = "restricted",
 ) -> LaunchSpec:
     models = {int(d["index"]): d for d in (node.devices if node else [])}
     grants = tuple(
@@ -119,7 +121,8 @@ def launch_spec(
         )
         for d in alloc.devices
     )
-    env = {str(k): str(v) for k, v in row.env.items()}
+    # The project's secrets first; the workload's own variables (checked at submit) on top.
+    env = {**(secrets or {}), **{str(k): str(v) for k, v in row.env.items()}}
     argv: tuple[str, ...] = tuple(row.command)
     if row.type == "notebook" and app_socket is not None:
         argv = notebook_argv(app_socket(alloc.id), app_path(project, row.name))
@@ -145,6 +148,7 @@ def launch_spec(
         cpu_milli=row.cpu_milli,
         memory_mib=row.memory_mib,
         project_id=row.project_id,
+        pod_security=pod_security,
     )
 
 
@@ -169,6 +173,8 @@ def act(
     backend: Backend,
     now: float,
     launcher: Launcher = sequential,
+    secrets: Callable[[int], dict[str, str]] | None = None,
+    pod_security: dict[int, str] | None = None,
 ) -> tuple[list[EventRow], bool]:
     """Launch what is bound, signal what is stopping, promote what answers. Returns events and whether
     something is in flight (the loop then looks again soon). Launches may run in parallel (a remote backend
@@ -182,7 +188,9 @@ def act(
             continue
         for alloc in current(row):
             if alloc.state == "bound" and row.stop_reason is None:
-                spec = launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node), app_socket)
+                env = secrets(row.project_id) if secrets is not None else None
+                level = (pod_security or {}).get(row.project_id, "restricted")
+                spec = launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node), app_socket, env, level)
                 pending.append((alloc, spec))
             elif alloc.state == "bound":
                 alloc.state = "ended"  # stopped before it ever started

@@ -18,6 +18,7 @@ from gpupool.control.reconcile import current, reconcile, record
 from gpupool.control.usage import account
 from gpupool.core import Decision, SchedulerConfig, schedule
 from gpupool.core.placement.memo import Memo
+from gpupool.store.secrets import project_environment as secret_environment
 from gpupool.store.snapshot import build_snapshot
 from gpupool.store.tables import NodeRow, QueueRow, WorkloadRow
 
@@ -179,7 +180,15 @@ class Controller:
             for alloc_id in ended:
                 self.backend.forget(alloc_id)
             projects = {q.id: q.name for q in queues}
-            events, busy = act(rows, projects, nodes, self.backend, now, self._launch_all)
+            cached: dict[int, dict[str, str]] = {}
+
+            def project_secrets(project_id: int) -> dict[str, str]:
+                if project_id not in cached:
+                    cached[project_id] = secret_environment(s, project_id)
+                return cached[project_id]
+
+            levels = {q.id: q.pod_security for q in queues}
+            events, busy = act(rows, projects, nodes, self.backend, now, self._launch_all, project_secrets, levels)
             s.add_all(events)
             s.commit()
             self.last_decision = decision

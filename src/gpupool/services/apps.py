@@ -33,16 +33,17 @@ class AppTarget:
     """A notebook's own token, which the proxy presents for the callers it has authenticated."""
 
 
-def resolve(session: Session, who: Principal, project: str, name: str) -> AppTarget:
+def resolve(session: Session, who: Principal | None, project: str, name: str) -> AppTarget:
     """The app `name` of `project`, for a caller who may use it: its project's members and admins. Viewers get
-    403; callers outside the project, and names that are not apps, get 404 (no hint that they exist)."""
+    403; callers outside the project, and names that are not apps, get 404 (no hint that they exist). `who`
+    None: the caller holds an API key made for this service (checked by `tokens.apikey_opens`)."""
     queue = session.scalar(select(QueueRow).where(QueueRow.name == project, QueueRow.kind == "project"))
-    if queue is None or not who.can_read(queue.id):
+    if queue is None or (who is not None and not who.can_read(queue.id)):
         raise NotFound(f"no app {project}/{name}")
     row = session.scalar(select(WorkloadRow).where(WorkloadRow.project_id == queue.id, WorkloadRow.name == name))
-    if row is None or row.type not in APP_TYPES:
+    if row is None or row.type not in APP_TYPES or (who is None and row.type != "inference"):
         raise NotFound(f"no app {project}/{name}")
-    if not who.can_write(queue.id):
+    if who is not None and not who.can_write(queue.id):
         raise Forbidden(f"your role ({who.role}) cannot open apps of {project!r}")
     alloc = session.scalar(
         select(AllocationRow)

@@ -1,19 +1,33 @@
-"""Bearer tokens (stored as SHA-256: they are 256-bit random, so a slow hash buys nothing) and the caller."""
+"""Who is calling, and what they may do: credentials (stored as SHA-256: they are 256-bit random, so a slow hash
+buys nothing) resolved to a principal with a role per project and per department.
+
+Roles, from most to least: admin (everything); department admin (its departments' projects, their quotas within
+the department's budget, policies that only tighten, memberships); project member (submit, cancel, open apps);
+viewer (read). A token never has more rights than its user has now, and may have fewer (a project scope, a role
+cap): JupyterHub's rule.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.services.errors import Forbidden
-from gpupool.store.tables import MembershipRow, UserRow
+from gpupool.store.tables import MembershipRow, QueueRow, TokenRow, UserRow
+
+RANK = {"viewer": 1, "member": 2, "admin": 3}
+"""Project roles in order; 'admin' on a project is what a department admin has on its department's projects."""
+API_KINDS = ("personal", "service", "session")
+"""Tokens that call the API (an apikey opens one inference service, nothing else)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,41 +35,121 @@ class Principal:
     id: int
     name: str
     role: str
-    project_ids: frozenset[int]
+    """'admin', 'department-admin' (of at least one department), 'member' or 'viewer': for display."""
+    projects: Mapping[int, str] = field(default_factory=dict)
+    """Project id → its role there: viewer, member, or admin (through a department it administers)."""
+    departments: frozenset[int] = frozenset()
+    """Departments it administers."""
+    token_id: int | None = None
+    kind: str = "personal"
 
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
 
+    @property
+    def project_ids(self) -> frozenset[int]:
+        return frozenset(self.projects)
+
     def can_read(self, project_id: int) -> bool:
-        return self.is_admin or project_id in self.project_ids
+        return self.is_admin or project_id in self.projects
 
     def can_write(self, project_id: int) -> bool:
-        return self.is_admin or (self.role == "member" and project_id in self.project_ids)
+        return self.is_admin or RANK.get(self.projects.get(project_id, ""), 0) >= RANK["member"]
+
+    def manages_project(self, project_id: int) -> bool:
+        return self.is_admin or self.projects.get(project_id) == "admin"
+
+    def manages_department(self, department_id: int) -> bool:
+        return self.is_admin or department_id in self.departments
+
+    def sees_department(self, department_id: int, children: Mapping[int, int | None]) -> bool:
+        """Admins and its admins; members of one of its projects see it as well (its quota frames theirs)."""
+        return self.manages_department(department_id) or any(children.get(p) == department_id for p in self.projects)
 
     def require_admin(self) -> None:
         if not self.is_admin:
             raise Forbidden("only an admin may do this")
 
 
-def new_token() -> str:
-    return "gp_" + secrets.token_urlsafe(32)
+def new_token(prefix: str = "gp_") -> str:
+    return prefix + secrets.token_urlsafe(32)
 
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def principal_for(
+    session: Session,
+    user: UserRow,
+    *,
+    scope: int | None = None,
+    cap: str | None = None,
+    token_id: int | None = None,
+    kind: str = "personal",
+) -> Principal:
+    """The user's rights now, narrowed to `scope` (a project) and `cap` (a role) where a token says so."""
+    parents = {q.id: q.parent_id for q in session.scalars(select(QueueRow))}
+    kinds = {q.id: q.kind for q in session.scalars(select(QueueRow))}
+    projects: dict[int, str] = {}
+    departments: set[int] = set()
+    for m in session.scalars(select(MembershipRow).where(MembershipRow.user_id == user.id)):
+        if kinds.get(m.project_id) == "department" and m.role == "admin":
+            departments.add(m.project_id)
+        elif kinds.get(m.project_id) == "project":
+            projects[m.project_id] = m.role
+    for pid, parent in parents.items():
+        if parent in departments and kinds.get(pid) == "project":
+            projects[pid] = "admin"
+    role = user.role if user.role in ("admin", "viewer") else "member"
+    if role != "admin" and departments:
+        role = "department-admin"
+    if scope is not None:  # a project's token: that project only, never the platform or a department
+        if role == "admin":
+            projects[scope] = "admin"
+        projects = {scope: projects[scope]} if scope in projects else {}
+        departments = set()
+        role = "viewer" if projects.get(scope) == "viewer" else "member"
+    if cap is not None and cap != "admin":
+        projects = {p: cap if RANK[r] > RANK[cap] else r for p, r in projects.items()}
+        departments = set()
+        role = "viewer" if "viewer" in (cap, role) else "member"
+    return Principal(user.id, user.name, role, projects, frozenset(departments), token_id, kind)
+
+
+def authenticate(session: Session, token: str, now: float | None = None) -> Principal | None:
+    """The principal a live API token names; None for an unknown, expired or revoked one."""
+    if not token.startswith(("gp_", "gps_")):
+        return None
+    row = session.scalar(select(TokenRow).where(TokenRow.token_hash == hash_token(token)))
+    at = time.time() if now is None else now
+    if row is None or row.kind not in API_KINDS or row.revoked_at is not None:
+        return None
+    if row.expires_at is not None and row.expires_at <= at:
+        return None
+    user = session.get(UserRow, row.user_id)
+    if user is None:
+        return None
+    if row.last_used_at is None or at - row.last_used_at > 60:  # a write a minute at most per token
+        row.last_used_at = at
+        session.commit()
+    return principal_for(session, user, scope=row.project_id, cap=row.role, token_id=row.id, kind=row.kind)
+
+
 class PrincipalCache:
-    """Who a token belongs to, remembered for a few seconds: most requests then cost no query for it.
-    Users and memberships change only through the admin API, which clears it."""
+    """Who a token belongs to, remembered for a few seconds: most requests then cost no query for it. Changes
+    to users, memberships and tokens made through this server clear it at once; a revocation on another
+    replica takes at most `ttl_s`."""
 
     def __init__(
-        self, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic, secret: bytes | None = None
+        self, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic, first_admin_file: Path | None = None
     ) -> None:
         self.ttl_s = ttl_s
-        self.secret = secret
         self._clock = clock
+        self.first_admin_file = first_admin_file
+        """Where the first admin's token waits to be read; removed once that token is first used, so no copy of
+        it outlives its first use (the store keeps only its hash)."""
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, Principal]] = {}
 
@@ -71,7 +165,11 @@ class PrincipalCache:
             return hit
         key = hash_token(token)
         now = self._clock()
-        who = authenticate(session, token, self.secret)
+        who = authenticate(session, token)
+        if who is not None and self.first_admin_file is not None and who.is_admin:
+            with contextlib.suppress(OSError):
+                if self.first_admin_file.read_text().strip() == token:
+                    self.first_admin_file.unlink()
         if who is not None:
             with self._lock:
                 if len(self._entries) > 10_000:
@@ -82,19 +180,3 @@ class PrincipalCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-
-
-def authenticate(session: Session, token: str, secret: bytes | None = None) -> Principal | None:
-    if not token or len(token) > 256:
-        return None
-    if token.startswith("gps_"):
-        from gpupool.services.sessions import session_user
-
-        user_id = session_user(secret, token, time.time()) if secret else None
-        user = session.get(UserRow, user_id) if user_id is not None else None
-    else:
-        user = session.scalar(select(UserRow).where(UserRow.token_hash == hash_token(token)))
-    if user is None:
-        return None
-    projects = session.scalars(select(MembershipRow.project_id).where(MembershipRow.user_id == user.id))
-    return Principal(user.id, user.name, user.role, frozenset(projects))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -20,10 +19,13 @@ from gpupool.api.schemas import (
     UserPublic,
 )
 from gpupool.core import MILLI
+from gpupool.services import audit
 from gpupool.services.auth import Principal, hash_token, new_token
-from gpupool.services.errors import Conflict, Invalid, NotFound
+from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound
 from gpupool.store.holdings import by_project, holdings
-from gpupool.store.tables import MembershipRow, QueueRow, QuotaRow, UserRow
+from gpupool.store.tables import MembershipRow, QueueRow, QuotaRow, TokenRow, UserRow
+
+INITIAL_TOKEN_DAYS = 90
 
 
 def _milli(gpus: float | None) -> int | None:
@@ -64,7 +66,11 @@ def _quota_row(q: QuotaIn) -> QuotaRow:
 
 
 def _create(session: Session, who: Principal, body: QuotaIn, name: str, kind: str, parent: QueueRow | None) -> QueueRow:
-    who.require_admin()
+    audit.note(tenant=parent.name if parent else name, obj=f"{kind}/{name}")
+    if kind == "department" or parent is None:
+        who.require_admin()
+    elif not who.manages_department(parent.id):
+        raise Forbidden(f"only an admin or an admin of {parent.name!r} may create projects in it")
     if session.scalar(select(QueueRow.id).where(QueueRow.name == name)) is not None:
         raise Conflict(f"a department or project named {name!r} already exists")
     row = QueueRow(name=name, kind=kind, parent_id=parent.id if parent else None, created_at=time.time())
@@ -83,15 +89,19 @@ def create_department(session: Session, who: Principal, body: DepartmentCreate) 
 
 
 def create_project(session: Session, who: Principal, body: ProjectCreate) -> QueuePublic:
-    parent = queue_named(session, body.department, "department") if body.department else None
+    parent = visible_queue(session, who, body.department, "department") if body.department else None
     row = _create(session, who, body, body.name, "project", parent)
     session.commit()
     return queue_public(session, row)
 
 
 def update_quota(session: Session, who: Principal, name: str, body: QuotaUpdate) -> QueuePublic:
-    who.require_admin()
-    row = queue_named(session, name)
+    """Admins set any quota; a department admin its projects', within the department's own (which only an admin
+    sets): the sum of the children's deserved never exceeds the parent's."""
+    row = visible_queue(session, who, name)
+    audit.note(tenant=name, obj=f"quota/{name}")
+    if not (who.is_admin or (row.kind == "project" and who.manages_project(row.id))):
+        raise Forbidden(f"your role ({who.role}) cannot change the quota of {name!r}")
     quota = next((q for q in row.quotas if q.pool == body.pool), None)
     if quota is None:
         quota = QuotaRow(pool=body.pool, deserved_milli=0, limit_milli=None, weight=1)
@@ -125,6 +135,8 @@ def queue_public(session: Session, row: QueueRow, allocated: dict[int, int] | No
         kind="project" if row.kind == "project" else "department",
         parent=parent.name if parent else None,
         strict_fifo=row.strict_fifo,
+        production_allowed=row.production_allowed,
+        pod_security=row.pod_security,
         quotas=[
             QuotaPublic(
                 pool=q.pool,
@@ -147,45 +159,76 @@ def list_queues(session: Session, who: Principal, kind: str) -> list[QueuePublic
             if r.parent_id is not None:
                 by_parent[r.parent_id] = by_parent.get(r.parent_id, 0) + allocated.get(r.id, 0)
         allocated = by_parent
-    visible = [r for r in rows if kind == "department" or who.is_admin or r.id in who.project_ids]
+    parents = {q.id: q.parent_id for q in session.scalars(select(QueueRow))}
+    visible = [r for r in rows if can_see(who, r, parents)]
     return [queue_public(session, r, allocated) for r in visible]
 
 
-def _project_ids(session: Session, names: Iterable[str]) -> list[int]:
-    return [queue_named(session, n, "project").id for n in sorted(set(names))]
+def can_see(who: Principal, row: QueueRow, parents: dict[int, int | None]) -> bool:
+    if row.kind == "project":
+        return who.can_read(row.id)
+    return who.is_admin or who.sees_department(row.id, parents)
+
+
+def visible_queue(session: Session, who: Principal, name: str, kind: str | None = None) -> QueueRow:
+    """A department or project the caller may see; others are not found (404, never 403)."""
+    row = session.scalar(select(QueueRow).where(QueueRow.name == name))
+    parents = {q.id: q.parent_id for q in session.scalars(select(QueueRow))}
+    if row is None or (kind is not None and row.kind != kind) or not can_see(who, row, parents):
+        raise NotFound(f"no {kind or 'department or project'} named {name!r}")
+    return row
 
 
 def create_user(session: Session, who: Principal, body: UserCreate) -> UserCreated:
-    who.require_admin()
+    """Admins create anyone; a department admin creates members and viewers of its own projects."""
+    audit.note(tenant=body.projects[0] if len(body.projects) == 1 else None, obj=f"user/{body.name}")
+    projects = [visible_queue(session, who, n, "project") for n in sorted(set(body.projects))]
+    if not who.is_admin:
+        if body.role == "admin" or not who.departments:
+            raise Forbidden("only an admin may create admins" if body.role == "admin" else "only admins may do this")
+        if not projects or not all(who.manages_project(p.id) for p in projects):
+            raise Forbidden("a department admin creates users in its own projects only: name them")
     if session.scalar(select(UserRow.id).where(UserRow.name == body.name)) is not None:
         raise Conflict(f"a user named {body.name!r} already exists")
-    project_ids = _project_ids(session, body.projects)
-    token = new_token()
-    user = UserRow(name=body.name, role=body.role, token_hash=hash_token(token), created_at=time.time())
+    now = time.time()
+    user = UserRow(name=body.name, role=body.role, kind="person", created_at=now)
     session.add(user)
     session.flush()
-    session.add_all(MembershipRow(user_id=user.id, project_id=pid) for pid in project_ids)
+    role = "viewer" if body.role == "viewer" else "member"
+    session.add_all(MembershipRow(user_id=user.id, project_id=p.id, role=role) for p in projects)
+    token = new_token()
+    session.add(TokenRow(user_id=user.id, kind="personal", name="initial", token_hash=hash_token(token),
+                         created_by=who.id, created_at=now, expires_at=now + INITIAL_TOKEN_DAYS * 86400))  # fmt: skip
     session.commit()
     return UserCreated(name=user.name, role=body.role, projects=sorted(set(body.projects)), token=token)
 
 
 def list_users(session: Session, who: Principal) -> list[UserPublic]:
-    who.require_admin()
+    """Admins see everyone; a department admin the people of its projects."""
+    if not who.is_admin and not who.departments:
+        raise Forbidden("only admins and department admins may list users")
     names = {q.id: q.name for q in session.scalars(select(QueueRow))}
     members: dict[int, list[str]] = {}
-    for m in session.scalars(select(MembershipRow)):
-        members.setdefault(m.user_id, []).append(names[m.project_id])
+    for m in session.scalars(select(MembershipRow).order_by(MembershipRow.project_id)):
+        if who.is_admin or who.manages_project(m.project_id) or m.project_id in who.departments:
+            members.setdefault(m.user_id, []).append(names[m.project_id])
     return [
         UserPublic(name=u.name, role=u.role, projects=sorted(members.get(u.id, [])))
         for u in session.scalars(select(UserRow).order_by(UserRow.name))
+        if who.is_admin or u.id in members
     ]
 
 
 def ensure_admin(session: Session, name: str = "admin") -> str | None:
-    """On first start: create the admin and return its token (None when users exist already)."""
+    """On first start: create the admin and return its token (None when users exist already). Only its hash is
+    kept, like every token's."""
     if session.scalar(select(UserRow.id).limit(1)) is not None:
         return None
-    token = new_token()
-    session.add(UserRow(name=name, role="admin", token_hash=hash_token(token), created_at=time.time()))
+    token, now = new_token(), time.time()
+    user = UserRow(name=name, role="admin", kind="person", created_at=now)
+    session.add(user)
+    session.flush()
+    session.add(TokenRow(user_id=user.id, kind="personal", name="initial", token_hash=hash_token(token),
+                         created_at=now))  # fmt: skip
     session.commit()
     return token

@@ -9,9 +9,10 @@ from sqlalchemy.orm import Session
 
 from gpupool.api.schemas import PolicyPublic, PolicyUpdate
 from gpupool.control.policies import chains, effective
+from gpupool.services import audit
 from gpupool.services.auth import Principal
-from gpupool.services.errors import Invalid, NotFound
-from gpupool.services.org import queue_named
+from gpupool.services.errors import Forbidden, Invalid
+from gpupool.services.org import visible_queue
 from gpupool.store.tables import QueueRow
 
 
@@ -29,16 +30,16 @@ def _public(session: Session, row: QueueRow) -> PolicyPublic:
 
 
 def get_policy(session: Session, who: Principal, name: str) -> PolicyPublic:
-    row = queue_named(session, name)
-    if row.kind == "project" and not who.can_read(row.id):
-        raise NotFound(f"no department or project named {name!r}")
-    return _public(session, row)
+    return _public(session, visible_queue(session, who, name))
 
 
 def update_policy(session: Session, who: Principal, name: str, body: PolicyUpdate) -> PolicyPublic:
-    """Merge the change into the queue's own policy. Refused if it would loosen what an ancestor sets."""
-    who.require_admin()
-    row = queue_named(session, name)
+    """Merge the change into the queue's own policy. Refused if it would loosen what an ancestor sets. Admins set
+    any; a department admin its projects' (which may only tighten the department's)."""
+    row = visible_queue(session, who, name)
+    audit.note(tenant=name, obj=f"policy/{name}")
+    if not (who.is_admin or (row.kind == "project" and who.manages_project(row.id))):
+        raise Forbidden(f"your role ({who.role}) cannot change the policy of {name!r}")
     own: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (row.policy or {}).items()}
     for key, changes in (("idle_timeout", body.idle_timeout_s), ("max_runtime", body.max_runtime_s)):
         limits = dict(own.get(key) or {})

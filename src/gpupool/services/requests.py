@@ -12,7 +12,7 @@ from gpupool.services.errors import Invalid
 from gpupool.store.tables import NodeRow, QueueRow
 
 TYPE_CLASS = {"notebook": "interactive", "training": "training", "inference": "production", "batch": "batch"}
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # The environment a workload may not set, declared once. Either gpupool sets it (rendezvous, ports, the GPUs a
 # process sees and how MPS limits it, notebook tokens), or it changes how the programs gpupool starts load code
 # (the dynamic loader, the search path, interpreters' and shells' start-up files). Matched case-sensitively,
@@ -77,7 +77,7 @@ def to_request(body: WorkloadCreate) -> Request:
 
 def check_text(body: WorkloadCreate) -> None:
     for key, value in body.env.items():
-        if not _ENV_KEY.fullmatch(key):
+        if not ENV_KEY.fullmatch(key):
             raise Invalid(f"environment variable name {key[:80]!r} is not valid")
         if env_denied(key):
             raise Invalid(

@@ -1,29 +1,47 @@
-"""Signing in with a name and password: scrypt-hashed passwords, and short-lived signed session tokens.
+"""Signing in with a name and password: scrypt-hashed passwords, sessions that can be revoked, and a limit on
+guessing.
 
-A session token is `gps_<user id>_<expiry>_<HMAC>`, signed with the server's secret: nothing to store, and it
-dies on its own. Users' long-lived tokens stay as they are.
+A session is a random `gps_` token kept (hashed) with the others, for 12 hours: logging out revokes it, and a
+password change revokes every other session of the user.
+
+Guessing is limited per account and address pair (an attacker locks out only their own address, never the
+user's), and per address across accounts. A locked pair waits 30 s after its fifth failure, doubling with each
+failure after, up to 15 minutes. Every refusal costs about one scrypt, whether the name exists or not.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.services.auth import Principal
-from gpupool.services.errors import Invalid, NotFound, ServiceError
-from gpupool.store.tables import UserRow
+from gpupool.services.auth import Principal, hash_token, new_token, principal_for
+from gpupool.services.errors import Forbidden, Invalid, NotFound, ServiceError
+from gpupool.store.tables import TokenRow, UserRow
 
 SESSION_TTL_S = 12 * 3600
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
+_DUMMY = "scrypt$" + "00" * 16 + "$" + "00" * 32
 
 
 class Unauthorized(ServiceError):
     status = 401
+
+
+class TooManyAttempts(ServiceError):
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 def hash_password(password: str) -> str:
@@ -33,49 +51,115 @@ def hash_password(password: str) -> str:
 
 
 def check_password(password: str, stored: str | None) -> bool:
-    if not stored or not stored.startswith("scrypt$"):
-        return False
-    _, salt, digest = stored.split("$")
+    """Costs one scrypt whatever `stored` is, so a missing user or password answers as slowly as a wrong one."""
+    real = stored is not None and stored.startswith("scrypt$") and stored.count("$") == 2
+    _, salt, digest = (stored if real and stored else _DUMMY).split("$")
     got = hashlib.scrypt(password.encode(), salt=bytes.fromhex(salt), dklen=32, **_SCRYPT)
-    return hmac.compare_digest(got.hex(), digest)
+    return hmac.compare_digest(got.hex(), digest) and real
 
 
-def _sign(secret: bytes, user_id: int, expiry: int) -> str:
-    return hmac.new(secret, f"{user_id}.{expiry}".encode(), hashlib.sha256).hexdigest()
+@dataclass
+class _Strikes:
+    failures: int = 0
+    until: float = 0.0
 
 
-def session_token(secret: bytes, user_id: int, now: float, ttl_s: float = SESSION_TTL_S) -> tuple[str, int]:
-    expiry = int(now + ttl_s)
-    return f"gps_{user_id}_{expiry}_{_sign(secret, user_id, expiry)}", expiry
+class LoginLimiter:
+    """Failed sign-ins per (account, address) and per address, in memory (one server process)."""
+
+    PAIR_FREE = 5
+    PAIR_MAX_S = 900.0
+    ADDRESS_FAILURES = 50
+    ADDRESS_WINDOW_S = 600.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pairs: dict[tuple[str, str], _Strikes] = {}
+        self._addresses: dict[str, list[float]] = {}
+
+    def check(self, name: str, address: str) -> None:
+        now = self._clock()
+        with self._lock:
+            pair = self._pairs.get((name, address))
+            recent = [t for t in self._addresses.get(address, []) if now - t < self.ADDRESS_WINDOW_S]
+            self._addresses[address] = recent
+        if pair is not None and pair.until > now:
+            wait = math.ceil(pair.until - now)
+            raise TooManyAttempts(f"too many failed sign-ins; try again in {wait} s", wait)
+        if len(recent) >= self.ADDRESS_FAILURES:
+            wait = math.ceil(self.ADDRESS_WINDOW_S - (now - recent[0]))
+            raise TooManyAttempts(f"too many failed sign-ins from this address; try again in {wait} s", wait)
+
+    def failed(self, name: str, address: str) -> None:
+        now = self._clock()
+        with self._lock:
+            pair = self._pairs.setdefault((name, address), _Strikes())
+            pair.failures += 1
+            if pair.failures >= self.PAIR_FREE:
+                pair.until = now + min(self.PAIR_MAX_S, 30.0 * 2 ** (pair.failures - self.PAIR_FREE))
+            self._addresses.setdefault(address, []).append(now)
+            if len(self._pairs) > 100_000:
+                self._pairs.clear()
+
+    def succeeded(self, name: str, address: str) -> None:
+        with self._lock:
+            self._pairs.pop((name, address), None)
 
 
-def session_user(secret: bytes, token: str, now: float) -> int | None:
-    """The user a valid, unexpired session token names; None otherwise."""
-    parts = token.split("_")
-    if len(parts) != 4 or parts[0] != "gps" or not all(p.isascii() and p.isdigit() for p in parts[1:3]):
-        return None
-    user_id, expiry = int(parts[1]), int(parts[2])
-    if expiry < now or not hmac.compare_digest(_sign(secret, user_id, expiry), parts[3]):
-        return None
-    return user_id
+def open_session(session: Session, user: UserRow, now: float) -> tuple[str, TokenRow]:
+    token = new_token("gps_")
+    row = TokenRow(
+        user_id=user.id, kind="session", name="portal", token_hash=hash_token(token), created_at=now,
+        expires_at=now + SESSION_TTL_S,
+    )  # fmt: skip
+    session.add(row)
+    session.commit()
+    return token, row
 
 
-def login(session: Session, name: str, password: str, secret: bytes) -> tuple[str, int]:
-    user = session.scalar(select(UserRow).where(UserRow.name == name))
-    # The same answer, and about the same work, whether the name exists or not.
-    ok = check_password(password, user.password_hash if user else hash_password("x"))
+def login(
+    session: Session, name: str, password: str, address: str, limiter: LoginLimiter
+) -> tuple[str, float, Principal]:
+    """A new session for a name and password. Refusals say the same whether the name exists or not."""
+    limiter.check(name, address)
+    user = session.scalar(select(UserRow).where(UserRow.name == name, UserRow.kind == "person"))
+    ok = check_password(password, user.password_hash if user else None)
     if user is None or not ok:
+        limiter.failed(name, address)
         raise Unauthorized("wrong name or password")
-    return session_token(secret, user.id, time.time())
+    limiter.succeeded(name, address)
+    now = time.time()
+    token, row = open_session(session, user, now)
+    return token, row.expires_at or now, principal_for(session, user, token_id=row.id, kind="session")
 
 
-def set_password(session: Session, who: Principal, name: str, password: str) -> None:
-    if who.name != name:
+def logout(session: Session, who: Principal) -> None:
+    """Revoke the session (or token) the caller used."""
+    row = session.get(TokenRow, who.token_id) if who.token_id is not None else None
+    if row is not None and row.revoked_at is None:
+        row.revoked_at = time.time()
+        session.commit()
+
+
+def set_password(session: Session, who: Principal, name: str, password: str, current: str | None) -> None:
+    """Your own password needs your current one (where you have one), and ends your other sessions. An admin
+    may set anyone's."""
+    user = session.scalar(select(UserRow).where(UserRow.name == name, UserRow.kind == "person"))
+    own = who.name == name
+    if not own:
         who.require_admin()
-    if len(password) < 8 or len(password) > 1024:
-        raise Invalid("a password has 8 to 1024 characters")
-    user = session.scalar(select(UserRow).where(UserRow.name == name))
     if user is None:
         raise NotFound(f"no user named {name!r}")
+    if len(password) < 8 or len(password) > 1024:
+        raise Invalid("a password has 8 to 1024 characters")
+    if own and user.password_hash is not None and not check_password(current or "", user.password_hash):
+        raise Forbidden("the current password is wrong")
     user.password_hash = hash_password(password)
+    now = time.time()
+    for row in session.scalars(
+        select(TokenRow).where(TokenRow.user_id == user.id, TokenRow.kind == "session", TokenRow.revoked_at.is_(None))
+    ):
+        if row.id != who.token_id:
+            row.revoked_at = now
     session.commit()

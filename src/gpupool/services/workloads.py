@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 from gpupool.api.schemas import DNS_LABEL, INT32_MAX, Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.control.policies import Policy, chains, effective
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
+from gpupool.services import audit
 from gpupool.services.auth import Principal
-from gpupool.services.errors import Conflict, Invalid, NotFound
+from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_named
 from gpupool.services.requests import check_fits, check_text, priority_of, to_request
 from gpupool.services.views import workload_detail, workload_public
@@ -51,11 +52,12 @@ def submit(
     # The whole organisation tree in two queries (queues, then their quotas): it is small, and a submit
     # needs the project and every ancestor.
     queues = list(session.scalars(select(QueueRow)))
+    audit.note(tenant=body.project, obj=f"workload/{body.name or '(generated)'}")
     project = next((q for q in queues if q.name == body.project and q.kind == "project"), None)
     if project is None or not who.can_read(project.id):
         raise NotFound(f"no project named {body.project!r}")
     if not who.can_write(project.id):
-        raise Invalid(f"your role ({who.role}) cannot submit to {body.project!r}")
+        raise Forbidden(f"your role ({who.role}) cannot submit to {body.project!r}")
     if idempotency_key is not None:
         if len(idempotency_key) > 128:
             raise Invalid("Idempotency-Key is longer than 128 characters")
@@ -69,6 +71,11 @@ def submit(
         raise Invalid("notebooks need JupyterLab on the server: install gpupool[apps]")
     request = to_request(body)
     klass = priority_of(body, classes)
+    if klass.name == "production" and not (project.production_allowed or who.manages_project(project.id)):
+        raise Forbidden(
+            f"project {body.project!r} does not allow production priority for members; choose another "
+            "--priority, or ask an admin to allow it (gpupool project set NAME --production-allowed)"
+        )
     preemptible = klass.preemptible if body.preemptible is None else body.preemptible
     nodes = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
     check_fits(request, body.workers, body.pools, preemptible, nodes, chains(queues)[project.id])
@@ -139,6 +146,8 @@ def find(session: Session, who: Principal, ref: str, project: str | None = None)
         raise NotFound(f"no workload named {ref!r}")
     if len(rows) > 1:
         raise Conflict(f"several projects have a workload named {ref!r}; name the project")
+    owner = session.get(QueueRow, rows[0].project_id)
+    audit.note(tenant=owner.name if owner else None, obj=f"workload/{rows[0].name}")
     return rows[0]
 
 
@@ -194,7 +203,7 @@ def resume(session: Session, who: Principal, ref: str, project: str | None) -> W
     """A workload a policy suspended goes back in the queue, in its old place."""
     row = find(session, who, ref, project)
     if not who.can_write(row.project_id):
-        raise Invalid(f"your role ({who.role}) cannot resume workloads")
+        raise Forbidden(f"your role ({who.role}) cannot resume workloads")
     if row.state != "suspended" or not row.hold:
         raise Conflict(f"{row.name!r} is {row.state}; only a workload suspended by a policy can be resumed")
     now = time.time()
@@ -208,7 +217,7 @@ def cancel(session: Session, who: Principal, ref: str, project: str | None) -> W
     """Pending work ends at once; running work is asked to stop and ends when its processes are gone."""
     row = find(session, who, ref, project)
     if not who.can_write(row.project_id):
-        raise Invalid(f"your role ({who.role}) cannot cancel workloads")
+        raise Forbidden(f"your role ({who.role}) cannot cancel workloads")
     if row.state in TERMINAL:
         raise Conflict(f"{row.name!r} has already ended ({row.state})")
     now = time.time()

@@ -36,9 +36,19 @@ def migrate(engine: Engine) -> None:
     """Bring the schema to the newest revision (idempotent)."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            # A batch migration rebuilds a table that others point at; SQLite checks foreign keys on the DROP
+            # of the old copy, so they are off while migrating (as Alembic's batch mode asks), and on after.
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            conn.commit()  # ends SQLAlchemy's autobegun transaction; the pragma holds for the connection
+        with conn.begin():
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+        if sqlite:
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+            conn.commit()
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -21,6 +21,11 @@ class QueueRow(Base):
     kind: Mapped[str] = mapped_column(String(16))
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("queues.id"), nullable=True)
     strict_fifo: Mapped[bool] = mapped_column(Boolean, default=False)
+    production_allowed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Whether its members may submit at production priority (admins and its department admins always may)."""
+    pod_security: Mapped[str] = mapped_column(String(16), default="restricted", server_default="restricted")
+    """How its Kubernetes pods run: 'restricted' (non-root, no privilege escalation, no capabilities) unless an
+    admin allows 'baseline'."""
     policy: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     """Idle and runtime limits: {"idle_timeout": {type: s}, "max_runtime": {type: s}, "idle_threshold_pct": n}."""
     created_at: Mapped[float] = mapped_column(Float)
@@ -37,19 +42,88 @@ class QuotaRow(Base):
 
 
 class UserRow(Base):
+    """A person (kind 'person', signing in with a password or through an identity provider) or a project's
+    service account (kind 'service', reached only with its tokens)."""
+
     __tablename__ = "users"
+    __table_args__ = (UniqueConstraint("issuer", "subject", name="uq_user_identity"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
     role: Mapped[str] = mapped_column(String(16))
-    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    """'admin' for the platform's admins; otherwise the role new memberships default to (member, viewer)."""
+    kind: Mapped[str] = mapped_column(String(16), default="person", server_default="person")
     password_hash: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    issuer: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    """For single sign-on: the identity provider and the subject it names the user by (never the email)."""
+    subject: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    email: Mapped[str | None] = mapped_column(String(255), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 
 
 class MembershipRow(Base):
+    """A role on a queue: member or viewer of a project, or admin of a department (its projects, their quotas
+    within its budget, their policies and memberships)."""
+
     __tablename__ = "memberships"
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"), primary_key=True)
+    """The queue: a project, or a department for a department admin."""
+    role: Mapped[str] = mapped_column(String(16), default="member", server_default="member")
+
+
+class TokenRow(Base):
+    """A credential, stored as its SHA-256 only: a personal or service token for the API, a portal session, or
+    an API key for one inference service. A token never has more rights than its user has now; `project_id`
+    and `role` narrow them further."""
+
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    """personal, service, session or apikey."""
+    name: Mapped[str] = mapped_column(String(63))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("queues.id"), nullable=True)
+    role: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """The most it may do (viewer, member); None: what its user may."""
+    app: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    """For an API key: the inference service (workload name in project_id) it opens."""
+    created_by: Mapped[int | None] = mapped_column(ForeignKey("users.id"), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class SecretRow(Base):
+    """A project's secret, given to every workload of the project as an environment variable and never shown
+    back through the API. Readable by the server's store, as the rest of it is."""
+
+    __tablename__ = "secrets"
+    project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[float] = mapped_column(Float)
+    updated_by: Mapped[str] = mapped_column(String(63))
+
+
+class AuditRow(Base):
+    """One mutating request or sign-in, whatever its outcome."""
+
+    __tablename__ = "audit"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    request_id: Mapped[str] = mapped_column(String(36))
+    actor: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    """The authenticated caller, or the name a sign-in was attempted for (cut to 63 characters)."""
+    role: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    tenant: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
+    """The project or department the object belongs to, where known."""
+    department: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
+    obj: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(96))
+    status: Mapped[int] = mapped_column(Integer)
+    address: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class NodeRow(Base):

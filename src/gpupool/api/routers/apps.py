@@ -24,7 +24,7 @@ from websockets.typing import Subprotocol
 
 from gpupool.api.deps import Context, plausible_token
 from gpupool.backends.base import AppEndpoint
-from gpupool.services import apps
+from gpupool.services import apps, tokens
 from gpupool.services.auth import Principal
 from gpupool.services.errors import ServiceError
 
@@ -38,20 +38,22 @@ _WS_DROP = frozenset(
     {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-protocol"}
 )
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-RECHECK_S = 30.0
-"""How often an open websocket's caller is checked again: a removed member loses it within a minute."""
+
+
+OURS = ("gp_", "gps_", "gpk_")
+"""Credentials gpupool issues: never passed on to an app."""
 
 
 def _credential(headers: Mapping[str, str], cookies: Mapping[str, str]) -> str | None:
     scheme, _, value = headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and value.startswith(("gp_", "gps_")):
+    if scheme.lower() == "bearer" and value.startswith(OURS):
         return value.strip()
     return cookies.get(apps.SESSION_COOKIE)
 
 
 async def _caller(ctx: Context, headers: Mapping[str, str], cookies: Mapping[str, str]) -> Principal | None:
     token = _credential(headers, cookies)
-    if token is None or not plausible_token(token):
+    if token is None or not plausible_token(token) or token.startswith("gpk_"):
         return None
     who = ctx.principals.peek(token)
     if who is None:
@@ -64,13 +66,26 @@ async def _caller(ctx: Context, headers: Mapping[str, str], cookies: Mapping[str
     return who
 
 
+async def _api_key(ctx: Context, headers: Mapping[str, str], project: str, name: str) -> bool:
+    """Whether the request carries a live API key made for this inference service."""
+    key = _credential(headers, {})
+    if key is None or not key.startswith("gpk_") or not plausible_token(key):
+        return False
+
+    def check() -> bool:
+        with ctx.sessions() as s:
+            return tokens.apikey_opens(s, key, project, name)
+
+    return await run_in_threadpool(check)
+
+
 def _forward_headers(headers: Mapping[str, str], drop: frozenset[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in headers.items():
         k = key.lower()
         if k in _HOP or k in drop:
             continue
-        if k == "authorization" and value.split(" ", 1)[-1].startswith(("gp_", "gps_")):
+        if k == "authorization" and value.split(" ", 1)[-1].startswith(OURS):
             continue
         if k == "cookie":
             kept = [c for c in value.split(";") if c.strip().split("=", 1)[0] != apps.SESSION_COOKIE]
@@ -92,7 +107,9 @@ def _refusal(exc: ServiceError) -> Response:
     return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
 
 
-async def _target(ctx: Context, who: Principal, project: str, name: str) -> tuple[apps.AppTarget, AppEndpoint]:
+async def _target(
+    ctx: Context, who: Principal | None, project: str, name: str
+) -> tuple[apps.AppTarget, AppEndpoint]:
     def find() -> apps.AppTarget:
         with ctx.sessions() as s:
             return apps.resolve(s, who, project, name)
@@ -113,7 +130,7 @@ async def app_root(project: str, name: str) -> RedirectResponse:
 async def app_http(request: Request, project: str, name: str, rest: str) -> Response:
     ctx: Context = request.app.state.ctx
     who = await _caller(ctx, request.headers, request.cookies)
-    if who is None:
+    if who is None and not await _api_key(ctx, request.headers, project, name):
         return JSONResponse({"detail": "sign in first: a session or bearer token is required"}, 401,
                             headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
     try:
@@ -223,7 +240,7 @@ async def _pump(ctx: Context, who: Principal, workload_id: int, ws: WebSocket, u
                 return token_who is not None and apps.still_allowed(s, token_who, workload_id)
 
         while True:
-            await asyncio.sleep(RECHECK_S)
+            await asyncio.sleep(ctx.settings.app_recheck_s)
             if not await run_in_threadpool(allowed):
                 return
 

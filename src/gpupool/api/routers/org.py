@@ -31,8 +31,10 @@ def list_departments(session: SessionDep, who: CurrentUser) -> list[QueuePublic]
 
 
 @router.post("/projects", response_model=QueuePublic, status_code=status.HTTP_201_CREATED)
-def create_project(body: ProjectCreate, session: SessionDep, who: CurrentUser) -> QueuePublic:
-    return org.create_project(session, who, body)
+def create_project(body: ProjectCreate, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> QueuePublic:
+    out = org.create_project(session, who, body)
+    ctx.principals.clear()  # its department's admins may manage it from now on
+    return out
 
 
 @router.get("/projects", response_model=list[QueuePublic])

@@ -328,7 +328,9 @@ async function start() {
   if (!location.hash || location.hash === "#/login") location.hash = "#/workloads"; else await route();
 }
 
-document.getElementById("signout").onclick = () => {
+document.getElementById("signout").onclick = async () => {
+  // A session from the sign-in form ends on the server too (and its cookie for /apps/ with it).
+  if ((token() || "").startsWith("gps_")) { try { await api("/api/v1/logout", { method: "POST" }); } catch (e) { /* gone already */ } }
   document.getElementById("nav").hidden = true;
   document.getElementById("signout").hidden = true;
   document.getElementById("who").textContent = "";

@@ -1,0 +1,306 @@
+"""The authorization matrix: every operation of the OpenAPI table × {anonymous, bad token, admin, department admin
+of this and of another department, member, viewer, service token} × {own tenant, other tenant}, each with the
+one status the rules give, and nothing written when refused. Another tenant's objects are 404; a role that may
+not act on an object it can see is 403."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from starlette.testclient import TestClient
+
+from tests.api.inprocess import Api, make_api
+
+ACTORS = ("anonymous", "bad", "admin", "dadmin", "other_dadmin", "member", "viewer", "service")
+# own tenant: department d1, project p1; other tenant: department d2, project p2.
+OWN, OTHER = "own", "other"
+
+
+@dataclass
+class World:
+    api: Api
+    http: TestClient
+    tokens: dict[str, str]
+    counter: int = 0
+
+    def as_(self, actor: str) -> dict[str, str]:
+        if actor == "anonymous":
+            return {}
+        if actor == "bad":
+            return {"Authorization": "Bearer gp_not-a-token"}
+        return {"Authorization": f"Bearer {self.tokens[actor]}"}
+
+    def admin(self, method: str, path: str, body: Any = None) -> Any:
+        r = self.http.request(method, path, json=body, headers=self.as_("admin"))
+        assert r.status_code < 300, (method, path, r.status_code, r.text)
+        return r.json() if r.content else None
+
+    def fresh(self, stem: str) -> str:
+        self.counter += 1
+        return f"{stem}-{self.counter}"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    api = make_api(tmp_path_factory.mktemp("matrix"))
+    with TestClient(api.app) as http:
+        w = World(api, http, {"admin": api.admin_token})
+        for d in ("d1", "d2"):
+            w.admin("POST", "/api/v1/departments", {"name": d, "deserved_gpus": 2})
+        w.admin("POST", "/api/v1/projects", {"name": "p1", "department": "d1", "deserved_gpus": 1})
+        w.admin("POST", "/api/v1/projects", {"name": "p2", "department": "d2", "deserved_gpus": 1})
+        for name, role, project in (("member", "member", "p1"), ("viewer", "viewer", "p1"), ("bo", "member", "p2"),
+                                    ("dadmin", "member", None), ("other_dadmin", "member", None)):  # fmt: skip
+            body = {"name": name.replace("_", "-"), "role": role, "projects": [project] if project else []}
+            w.tokens[name] = w.admin("POST", "/api/v1/users", body)["token"]
+        w.admin("PUT", "/api/v1/queues/d1/members/dadmin", {"role": "admin"})
+        w.admin("PUT", "/api/v1/queues/d2/members/other-dadmin", {"role": "admin"})
+        r = http.post("/api/v1/tokens", json={"name": "ci", "kind": "service", "project": "p1"},
+                      headers=w.as_("member"))  # fmt: skip
+        assert r.status_code == 201, r.text
+        w.tokens["service"] = r.json()["token"]
+        for project, name in (("p1", "w1"), ("p2", "w2")):
+            w.admin("POST", "/api/v1/workloads", {"project": project, "name": name, "command": ["true"]})
+        yield w
+
+
+def _project(tenant: str) -> str:
+    return "p1" if tenant == OWN else "p2"
+
+
+def _department(tenant: str) -> str:
+    return "d1" if tenant == OWN else "d2"
+
+
+def _workload(tenant: str) -> str:
+    return "w1" if tenant == OWN else "w2"
+
+
+# Who may act on the own tenant's objects, and who on the other's. Everyone else: 404 if the object is another
+# tenant's, 403 if they can see it.
+SEES_OWN = {"admin", "dadmin", "member", "viewer", "service"}
+SEES_OTHER = {"admin", "other_dadmin"}
+
+
+def _by(own: set[str], other: set[str], ok: int, denied_visible: int = 403) -> Callable[[str, str], int]:
+    def expect(actor: str, tenant: str) -> int:
+        allowed, sees = (own, SEES_OWN) if tenant == OWN else (other, SEES_OTHER)
+        if actor in allowed:
+            return ok
+        return denied_visible if actor in sees else 404
+
+    return expect
+
+
+def _everyone(ok: int) -> Callable[[str, str], int]:
+    return lambda actor, tenant: ok
+
+
+def _only(actors: set[str], ok: int) -> Callable[[str, str], int]:
+    return lambda actor, tenant: ok if actor in actors else 403
+
+
+Request = tuple[str, str, Any, dict[str, str]]
+Case = tuple[Callable[[World, str], Request], Callable[[str, str], int]]
+MANAGERS_OWN, MANAGERS_OTHER = {"admin", "dadmin"}, {"admin", "other_dadmin"}
+WRITERS_OWN = {"admin", "dadmin", "member", "service"}
+
+
+def _cancel(w: World, t: str) -> Request:
+    name = w.fresh("c")
+    w.admin("POST", "/api/v1/workloads", {"project": _project(t), "name": name, "command": ["true"]})
+    return "POST", f"/api/v1/workloads/{name}/cancel", None, {"project": _project(t)}
+
+
+def _revoke(w: World, t: str) -> Request:
+    owner = "member" if t == OWN else "bo"
+    r = w.http.post("/api/v1/tokens", json={"name": w.fresh("t")}, headers=w.as_(owner))
+    assert r.status_code == 201, r.text
+    return "DELETE", f"/api/v1/tokens/{r.json()['id']}", None, {}
+
+
+def _remove_member(w: World, t: str) -> Request:
+    name = w.fresh("u")
+    w.admin("POST", "/api/v1/users", {"name": name, "projects": [_project(t)]})
+    return "DELETE", f"/api/v1/queues/{_project(t)}/members/{name}", None, {}
+
+
+def _set_member(w: World, t: str) -> Request:
+    name = w.fresh("u")
+    w.admin("POST", "/api/v1/users", {"name": name})
+    return "PUT", f"/api/v1/queues/{_project(t)}/members/{name}", {"role": "viewer"}, {}
+
+
+def _secret_name(w: World) -> str:
+    return w.fresh("S").upper().replace("-", "_")
+
+
+def _delete_secret(w: World, t: str) -> Request:
+    name = _secret_name(w)
+    w.admin("PUT", f"/api/v1/projects/{_project(t)}/secrets/{name}", {"value": "x"})
+    return "DELETE", f"/api/v1/projects/{_project(t)}/secrets/{name}", None, {}
+
+
+CASES: dict[str, Case] = {
+    "healthz": (lambda w, t: ("GET", "/healthz", None, {}), _everyone(200)),
+    "metrics": (lambda w, t: ("GET", "/metrics", None, {}), _everyone(200)),
+    "whoami": (lambda w, t: ("GET", "/api/v1/whoami", None, {}), _everyone(200)),
+    "list_departments": (lambda w, t: ("GET", "/api/v1/departments", None, {}), _everyone(200)),
+    "list_projects": (lambda w, t: ("GET", "/api/v1/projects", None, {}), _everyone(200)),
+    "create_department": (lambda w, t: ("POST", "/api/v1/departments", {"name": w.fresh("d")}, {}),
+                          _only({"admin"}, 201)),
+    "create_project": (
+        lambda w, t: ("POST", "/api/v1/projects", {"name": w.fresh("p"), "department": _department(t)}, {}),
+        _by(MANAGERS_OWN, MANAGERS_OTHER, 201),
+    ),
+    "update_quota": (
+        lambda w, t: ("PATCH", f"/api/v1/queues/{_project(t)}/quota", {"deserved_gpus": 1}, {}),
+        _by(MANAGERS_OWN, MANAGERS_OTHER, 200),
+    ),
+    "get_policy": (lambda w, t: ("GET", f"/api/v1/queues/{_project(t)}/policy", None, {}),
+                   _by(SEES_OWN, SEES_OTHER, 200)),
+    "update_policy": (
+        lambda w, t: ("PATCH", f"/api/v1/queues/{_project(t)}/policy", {"idle_timeout_s": {"notebook": 600}}, {}),
+        _by(MANAGERS_OWN, MANAGERS_OTHER, 200),
+    ),
+    "list_users": (lambda w, t: ("GET", "/api/v1/users", None, {}), _only({"admin", "dadmin", "other_dadmin"}, 200)),
+    "create_user": (
+        lambda w, t: ("POST", "/api/v1/users", {"name": w.fresh("u"), "projects": [_project(t)]}, {}),
+        _by(MANAGERS_OWN, MANAGERS_OTHER, 201),
+    ),
+    "create_token": (
+        lambda w, t: ("POST", "/api/v1/tokens", {"name": w.fresh("t"), "project": _project(t)}, {}),
+        lambda actor, t: 403 if actor == "service" else _by(SEES_OWN, SEES_OTHER, 201)(actor, t),
+    ),
+    "list_tokens": (lambda w, t: ("GET", "/api/v1/tokens", None, {}), _everyone(200)),
+    "revoke_token": (_revoke, lambda actor, t: 200 if actor == "admin" or (actor == "member" and t == OWN) else 404),
+    "list_members": (lambda w, t: ("GET", f"/api/v1/queues/{_project(t)}/members", None, {}),
+                     _by(MANAGERS_OWN, MANAGERS_OTHER, 200)),
+    "set_member": (_set_member, _by(MANAGERS_OWN, MANAGERS_OTHER, 200)),
+    "remove_member": (_remove_member, _by(MANAGERS_OWN, MANAGERS_OTHER, 204)),
+    "update_project": (lambda w, t: ("PATCH", f"/api/v1/projects/{_project(t)}", {"production_allowed": False}, {}),
+                       _by(MANAGERS_OWN, MANAGERS_OTHER, 200)),
+    "list_secrets": (lambda w, t: ("GET", f"/api/v1/projects/{_project(t)}/secrets", None, {}),
+                     _by(WRITERS_OWN, MANAGERS_OTHER, 200)),
+    "set_secret": (lambda w, t: ("PUT", f"/api/v1/projects/{_project(t)}/secrets/{_secret_name(w)}",
+                                 {"value": "s3cret"}, {}),
+                   _by(WRITERS_OWN, MANAGERS_OTHER, 200)),
+    "delete_secret": (_delete_secret, _by(WRITERS_OWN, MANAGERS_OTHER, 204)),
+    "list_audit": (lambda w, t: ("GET", "/api/v1/audit", None, {}), _only({"admin", "dadmin", "other_dadmin"}, 200)),
+    "submit_workload": (
+        lambda w, t: ("POST", "/api/v1/workloads", {"project": _project(t), "name": w.fresh("s"),
+                                                     "command": ["true"]}, {}),
+        _by(WRITERS_OWN, MANAGERS_OTHER, 201),
+    ),
+    "list_workloads": (lambda w, t: ("GET", "/api/v1/workloads", None, {}), _everyone(200)),
+    "describe_workload": (
+        lambda w, t: ("GET", f"/api/v1/workloads/{_workload(t)}", None, {"project": _project(t)}),
+        _by(SEES_OWN, SEES_OTHER, 200),
+    ),
+    "cancel_workload": (_cancel, _by(WRITERS_OWN, MANAGERS_OTHER, 200)),
+    "resume_workload": (  # it is not suspended: those who may resume it hear why they cannot
+        lambda w, t: ("POST", f"/api/v1/workloads/{_workload(t)}/resume", None, {"project": _project(t)}),
+        _by(WRITERS_OWN, MANAGERS_OTHER, 409),
+    ),
+    "usage_report": (lambda w, t: ("GET", "/api/v1/reports/usage", None, {"start": "0", "end": "1"}), _everyone(200)),
+    "workload_logs": (
+        lambda w, t: ("GET", f"/api/v1/workloads/{_workload(t)}/logs", None, {"project": _project(t)}),
+        _by(SEES_OWN, SEES_OTHER, 200),
+    ),
+    "get_nodes": (lambda w, t: ("GET", "/api/v1/nodes", None, {}), _everyone(200)),
+    "list_pools": (lambda w, t: ("GET", "/api/v1/pools", None, {}), _everyone(200)),
+    "update_pool": (lambda w, t: ("PATCH", "/api/v1/pools/default", {"share_across_projects": False}, {}),
+                    _only({"admin"}, 200)),
+    "set_password": (lambda w, t: ("PUT", f"/api/v1/users/{'member' if t == OWN else 'bo'}/password",
+                                   {"password": "a long password"}, {}),
+                     lambda actor, t: 204 if actor == "admin" else 403),
+    "get_shares": (lambda w, t: ("GET", "/api/v1/shares", None, {}), _everyone(200)),
+    "get_timeline": (lambda w, t: ("GET", "/api/v1/reports/timeline", None, {}), _everyone(200)),
+}
+# Tested on their own below: signing in needs no token, and signing out ends the caller's own session.
+ELSEWHERE = {"login", "logout"}
+
+
+def _fingerprint(w: World) -> str:
+    """Everything a request could change, but the audit trail and when a token was last used."""
+    tables = ("queues", "quotas", "users", "memberships", "workloads", "events", "allocations", "pools", "secrets")
+    digest = hashlib.sha256()
+    with w.api.ctx.sessions() as s:
+        for table in tables:
+            for row in s.execute(text(f"SELECT * FROM {table} ORDER BY 1")):
+                digest.update(repr(tuple(row)).encode())
+        for row in s.execute(text("SELECT id, kind, revoked_at, expires_at, role FROM tokens ORDER BY id")):
+            digest.update(repr(tuple(row)).encode())
+    return digest.hexdigest()
+
+
+def test_every_operation_has_a_row_in_the_matrix(world: World) -> None:
+    operations = {op["operationId"] for ops in world.api.app.openapi()["paths"].values() for op in ops.values()}
+    assert operations == set(CASES) | ELSEWHERE
+
+
+@pytest.mark.parametrize("operation", sorted(CASES))
+def test_the_matrix(world: World, operation: str) -> None:
+    build, expect = CASES[operation]
+    got: dict[tuple[str, str], int] = {}
+    want: dict[tuple[str, str], int] = {}
+    for tenant in (OWN, OTHER):
+        for actor in ACTORS:
+            method, path, body, params = build(world, tenant)
+            before = _fingerprint(world)
+            r = world.http.request(method, path, json=body, params=params, headers=world.as_(actor))
+            got[actor, tenant] = r.status_code
+            anonymous = actor in ("anonymous", "bad") and operation != "healthz"
+            want[actor, tenant] = 401 if anonymous else expect(actor, tenant)
+            if r.status_code >= 400:
+                assert _fingerprint(world) == before, (operation, actor, tenant, "wrote on refusal")
+                assert set(r.json()) == {"detail"}, r.text
+    assert got == want
+
+
+def test_sign_in_and_out(world: World) -> None:
+    w = world
+    w.admin("PUT", "/api/v1/users/viewer/password", {"password": "viewer's password"})
+    bad = w.http.post("/api/v1/login", json={"name": "viewer", "password": "wrong password"})
+    assert bad.status_code == 401
+    ok = w.http.post("/api/v1/login", json={"name": "viewer", "password": "viewer's password"})
+    assert ok.status_code == 200 and ok.headers["cache-control"] == "no-store"
+    session = {"Authorization": f"Bearer {ok.json()['token']}"}
+    assert w.http.get("/api/v1/whoami", headers=session).json()["name"] == "viewer"
+    assert w.http.post("/api/v1/logout", headers=session).status_code == 204
+    assert w.http.get("/api/v1/whoami", headers=session).status_code == 401
+    assert w.http.post("/api/v1/logout").status_code == 401
+
+
+def test_every_mutating_operation_leaves_an_audit_record(world: World) -> None:
+    w = world
+    mutating = [(m.upper(), path) for path, ops in w.api.app.openapi()["paths"].items() for m in ops
+                if m.upper() in ("POST", "PUT", "PATCH", "DELETE")]  # fmt: skip
+    assert len(mutating) == 19
+    for i, (method, path) in enumerate(mutating):
+        concrete = path.replace("{name}", "p1").replace("{user}", "member").replace("{token_id}", "1")
+        concrete = concrete.replace("{ref}", "w1")
+        r = w.http.request(method, concrete, json={}, headers={"X-Request-ID": f"matrix-audit-{i:04d}"})
+        rid = r.headers["x-request-id"]
+        assert rid == f"matrix-audit-{i:04d}"  # a caller's request id is kept, to follow a request across logs
+        found = [a for a in w.http.get("/api/v1/audit", params={"limit": 1000}, headers=w.as_("admin")).json()
+                 if a["request_id"] == rid]  # fmt: skip
+        assert [(a["action"], a["status"]) for a in found] == [(f"{method} {path}", r.status_code)], (method, path)
+    # A success names who, in which role, on which tenant's object.
+    r = w.http.post("/api/v1/workloads", json={"project": "p1", "name": "audited", "command": ["true"]},
+                    headers=w.as_("member"))  # fmt: skip
+    mine = [a for a in w.http.get("/api/v1/audit", params={"actor": "member"}, headers=w.as_("dadmin")).json()
+            if a["request_id"] == r.headers["x-request-id"]]  # fmt: skip
+    assert [(a["role"], a["tenant"], a["department"], a["object"], a["status"]) for a in mine] == [
+        ("member", "p1", "d1", "workload/audited", 201)
+    ]
+    # A department admin reads its department's records only.
+    theirs = w.http.get("/api/v1/audit", params={"limit": 1000}, headers=w.as_("other_dadmin")).json()
+    assert {a["department"] for a in theirs} == {"d2"}
+    assert json.dumps(theirs).count('"p1"') == 0
