@@ -41,6 +41,9 @@ class LaunchSpec:
     memory_mib: int = 0
     project_id: int = 0
     """Keys the member's OS identity where the backend gives each project one."""
+    secrets: dict[str, str] = field(default_factory=dict)
+    """The project's secrets, as environment variables under `env` (which wins on a clash). Apart from `env` so a
+    backend can keep them out of what others read (a Kubernetes Secret rather than the pod spec)."""
     pod_security: str = "restricted"
     """How tightly a pod is confined (kubernetes): "restricted" (a non-root identity of its project's, no
     capabilities) or "baseline" (the image's own user; no privilege escalation). An admin's per-project choice."""

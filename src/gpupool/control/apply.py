@@ -121,8 +121,7 @@ def launch_spec(
         )
         for d in alloc.devices
     )
-    # The project's secrets first; the workload's own variables (checked at submit) on top.
-    env = {**(secrets or {}), **{str(k): str(v) for k, v in row.env.items()}}
+    env = {str(k): str(v) for k, v in row.env.items()}
     argv: tuple[str, ...] = tuple(row.command)
     if row.type == "notebook" and app_socket is not None:
         argv = notebook_argv(app_socket(alloc.id), app_path(project, row.name))
@@ -149,6 +148,7 @@ def launch_spec(
         memory_mib=row.memory_mib,
         project_id=row.project_id,
         pod_security=pod_security,
+        secrets=dict(secrets or {}),
     )
 
 

@@ -17,6 +17,7 @@ from gpupool.backends.kubernetes.manifests import (
     MANAGED,
     PSA_ENFORCE,
     RESERVATION,
+    SECRETS,
     SYSTEM_NAMESPACE,
     UID_BASE,
     check_level,
@@ -27,6 +28,7 @@ from gpupool.backends.kubernetes.manifests import (
     pod_manifest,
     ready,
     reservation_manifest,
+    secrets_manifest,
 )
 from gpupool.core import Node
 
@@ -119,8 +121,20 @@ class KubernetesBackend:
                 self._reserve(spec.node, d.index, spec.alloc_id)
         if spec.world_size > 1:
             self._create(lambda: self.core.create_namespaced_service(ns, gang_service_manifest(spec, ns)))
+        if spec.secrets:
+            self._put_secrets(ns, spec.secrets)
         body = pod_manifest(spec, ns, self.settings.default_image, self.settings.uid_base)
         self._create(lambda: self.core.create_namespaced_pod(ns, body))
+
+    def _put_secrets(self, ns: str, values: dict[str, str]) -> None:
+        """The project's Secret as it is now (values set since its last launch included)."""
+        body = secrets_manifest(values, ns)
+        try:
+            self.core.replace_namespaced_secret(SECRETS, ns, body)
+        except self._client.ApiException as e:
+            if e.status != 404:
+                raise
+            self._create(lambda: self.core.create_namespaced_secret(ns, body))
 
     def stop(self, alloc_id: str, force: bool) -> None:
         with self._lock:

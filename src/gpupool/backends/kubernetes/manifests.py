@@ -135,6 +135,20 @@ def _confined(pod_spec: dict[str, Any], security: dict[str, Any]) -> dict[str, A
     return {**pod_spec, "hostNetwork": False, "hostPID": False, "hostIPC": False, "securityContext": security}
 
 
+SECRETS = "gpupool-project-secrets"
+"""The Secret in a project's namespace holding the project's secrets."""
+
+
+def secrets_manifest(values: Mapping[str, str], namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SECRETS, "namespace": namespace, "labels": {MANAGED: "true"}},
+        "type": "Opaque",
+        "stringData": dict(sorted(values.items())),
+    }
+
+
 def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str, uid_base: int = UID_BASE) -> dict[str, Any]:
     pod_security, container_security = security_contexts(spec.pod_security, uid_base + spec.project_id)
     whole = [d for d in spec.devices if d.milli >= 1000]
@@ -207,6 +221,9 @@ def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str, uid_base:
         "resources": resources,
         "securityContext": container_security,
     }
+    if spec.secrets:
+        # From the project's Secret, not spelled out here: the pod spec is read by more than the project.
+        container["envFrom"] = [{"secretRef": {"name": SECRETS}}]
     if spec.argv:
         container["command"] = list(spec.argv)
     if spec.port is not None:

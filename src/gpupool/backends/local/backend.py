@@ -334,6 +334,7 @@ class LocalBackend:
         inherited = _SANDBOX_ENV if self.isolation.sandboxed else _BASE_ENV
         env = {k: os.environ[k] for k in inherited if k in os.environ}
         env.update(self.sandbox.home_env(member))
+        env.update(spec.secrets)  # the project's secrets; the workload's own variables win on a clash
         env.update(spec.env)
         workdir = member.workdir
         visible = ",".join(str(d.index) for d in spec.devices)
