@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 from tests.e2e.conftest import Server, Servers
 from tests.kubernetes.cluster import Cluster, binaries
 
@@ -35,3 +36,14 @@ def kube_server(tmp_path: Path, cluster: Cluster) -> Iterator[Callable[..., Serv
     yield make
     servers.close()
     cluster.reset()
+
+
+@pytest.fixture
+def backend(cluster: Cluster) -> Iterator[KubernetesBackend]:
+    """The backend on its own against the cluster, for tests that drive launches directly."""
+    b = KubernetesBackend(KubeSettings(kubeconfig=str(cluster.kubeconfig)))
+    try:
+        yield b
+    finally:
+        b.close()
+        cluster.reset()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from gpupool.backends.base import LaunchSpec
-from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
+from gpupool.backends.kubernetes.backend import KubernetesBackend
 from gpupool.backends.kubernetes.manifests import pod_manifest
 from kubernetes import client
 from tests.e2e.conftest import Server, wait_for
@@ -68,16 +68,6 @@ def _spec(alloc: str, level: str) -> LaunchSpec:
         alloc_id=alloc, workload_id=int(alloc.split("-")[0]), workload_name=f"w{alloc}", project="legacy",
         kind="batch", argv=("sleep", "inf"), env={}, node="nowhere", project_id=3, pod_security=level,
     )  # fmt: skip
-
-
-@pytest.fixture
-def backend(cluster: Cluster) -> Iterator[KubernetesBackend]:
-    b = KubernetesBackend(KubeSettings(kubeconfig=str(cluster.kubeconfig)))
-    try:
-        yield b
-    finally:
-        b.close()
-        cluster.reset()
 
 
 def _refusal(core: Any, namespace: str, body: dict[str, Any]) -> tuple[int, str]:

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from gpupool.backends.base import LaunchSpec
-from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
+from gpupool.backends.kubernetes.backend import KubernetesBackend
 from kubernetes import client
 from tests.e2e.conftest import wait_for
 from tests.kubernetes.cluster import Cluster
-
-
-@pytest.fixture
-def backend(cluster: Cluster) -> Iterator[KubernetesBackend]:
-    b = KubernetesBackend(KubeSettings(kubeconfig=str(cluster.kubeconfig)))
-    try:
-        yield b
-    finally:
-        b.close()
-        cluster.reset()
 
 
 def _spec(alloc: str, secrets: dict[str, str]) -> LaunchSpec:
