@@ -123,3 +123,11 @@ def test_single_user_mode_runs_commands_as_they_are(tmp_path: Path) -> None:
     box = Sandbox(tmp_path / "data", probe(True), UID_BASE)
     assert box.argv(_member(tmp_path), ("python", "train.py")) == (("python", "train.py"), ())
     assert probe(True).summary()["identity"].startswith("advisory")
+
+
+def test_a_gpu_is_bound_in_by_its_device_node_not_its_index() -> None:
+    from gpupool.backends.local.gpus import Discovered
+    from gpupool.core import Device
+
+    found = Discovered((Device(0, "H100", 81920), Device(1, "H100", 81920)), False, ("GPU-a", "GPU-b"), (3, 1))
+    assert [found.device_node(0), found.device_node(1)] == ["/dev/nvidia3", "/dev/nvidia1"]

@@ -286,7 +286,7 @@ class LocalBackend:
     def _member(self, spec: LaunchSpec) -> Member:
         devices: tuple[str, ...] = ()
         if spec.devices and not self.gpus.simulated:
-            devices = (*_DRIVER_NODES, *(f"/dev/nvidia{d.index}" for d in spec.devices))
+            devices = (*_DRIVER_NODES, *(self.gpus.device_node(d.index) for d in spec.devices))
         return Member(
             alloc_id=spec.alloc_id,
             project_id=spec.project_id,

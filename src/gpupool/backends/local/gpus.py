@@ -20,6 +20,11 @@ class Discovered:
     devices: tuple[Device, ...]
     simulated: bool
     uuids: tuple[str, ...]
+    minors: tuple[int, ...] = ()
+    """Each device's /dev/nvidiaN number, which need not be its NVML index; empty for simulated devices."""
+
+    def device_node(self, index: int) -> str:
+        return f"/dev/nvidia{self.minors[index] if index < len(self.minors) else index}"
 
 
 def parse_fake(spec: str) -> tuple[Device, ...]:
@@ -41,7 +46,7 @@ def parse_fake(spec: str) -> tuple[Device, ...]:
     return tuple(devices)
 
 
-def _nvml() -> tuple[tuple[Device, ...], tuple[str, ...]] | None:
+def _nvml() -> tuple[tuple[Device, ...], tuple[str, ...], tuple[int, ...]] | None:
     try:
         import pynvml
     except ImportError:
@@ -53,6 +58,7 @@ def _nvml() -> tuple[tuple[Device, ...], tuple[str, ...]] | None:
     try:
         devices: list[Device] = []
         uuids: list[str] = []
+        minors: list[int] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
@@ -61,7 +67,8 @@ def _nvml() -> tuple[tuple[Device, ...], tuple[str, ...]] | None:
             uuid = pynvml.nvmlDeviceGetUUID(h)
             uuids.append(uuid.decode() if isinstance(uuid, bytes) else uuid)
             devices.append(Device(i, name.removeprefix("NVIDIA ").replace(" ", "-"), int(mem)))
-        return tuple(devices), tuple(uuids)
+            minors.append(int(pynvml.nvmlDeviceGetMinorNumber(h)))
+        return tuple(devices), tuple(uuids), tuple(minors)
     finally:
         pynvml.nvmlShutdown()
 
@@ -75,7 +82,7 @@ def discover(spec: str) -> Discovered:
         raise GpuSpecError(f"--gpus {spec!r}: expected auto, nvml or fake:<count>x<model>-<memory GB>")
     found = _nvml()
     if found and found[0]:
-        return Discovered(found[0], False, found[1])
+        return Discovered(found[0], False, found[1], found[2])
     if spec == "nvml":
         raise GpuSpecError("--gpus nvml: NVML found no GPU on this host")
     devs = parse_fake(DEFAULT_FAKE)
