@@ -46,10 +46,11 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(root: Path, db: str | None) -> tuple[subprocess.Popen[bytes], str, str]:
+def _start(root: Path, db: str | None, single_user: bool) -> tuple[subprocess.Popen[bytes], str, str]:
     port = _port()
     cmd = [GPUPOOL, "server", "--data-dir", str(root / "data"), "--port", str(port), "--gpus", "fake:8xH100-80GB"]
     cmd += ["--db", db] if db else []
+    cmd += ["--single-user"] if single_user else []
     log = open(root / "server.log", "wb")  # noqa: SIM115 - held for the server's life
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -129,9 +130,10 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=4, help="client processes for the burst")
     ap.add_argument("--db", default=None, help="postgresql://... (default: SQLite in the temp dir)")
+    ap.add_argument("--single-user", action="store_true", help="no sandbox: what isolation costs")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
-    proc, url, token = _start(root, args.db)
+    proc, url, token = _start(root, args.db, args.single_user)
     try:
         with Client(url, token) as c:
             c.create_department(DepartmentCreate(name="bench-dept", deserved_gpus=8))
@@ -150,6 +152,7 @@ def main() -> None:
     result = {
         "benchmark": "submit_latency",
         "store": "postgresql" if args.db else "sqlite",
+        "sandboxed": not args.single_user and os.geteuid() == 0,
         "count": args.count,
         "p50_ms": round(_pct(lat, 0.5), 1),
         "p99_ms": round(_pct(lat, 0.99), 1),
