@@ -188,3 +188,24 @@ def test_a_login_refused_by_the_limit_is_429_with_retry_after(org: Any) -> None:
     assert (r.status_code, r.headers["retry-after"], r.json()) == (
         429, "30", {"detail": "too many failed sign-ins; try again in 30 s"},
     )  # fmt: skip
+
+
+def test_shares_and_metrics_show_a_caller_only_its_own_tenants(org: Any) -> None:
+    from gpupool.core.decision import Decision, QueueShare
+
+    api, http, c = org
+    api.ctx.controller.last_decision = Decision(
+        shares=tuple(QueueShare(q, "default", 1000, 1000, 0, None, 0) for q in ("d1", "d2", "p1", "p2"))
+    )
+    seen = {who: sorted(x["queue"] for x in c[who]("GET", "/api/v1/shares")[1]) for who in ("admin", "dee", "ana")}
+    assert seen == {"admin": ["d1", "d2", "p1", "p2"], "dee": ["d1", "p1"], "ana": ["d1", "p1"]}
+    def projects(text: str) -> list[str]:
+        return sorted({ln.split('project="')[1].split('"')[0] for ln in text.splitlines() if 'project="' in ln})
+
+    assert projects(http.get("/metrics", headers={"Authorization": f"Bearer {c['ana'].token}"}).text) == ["p1"]
+    status, scrape = c["admin"]("POST", "/api/v1/tokens", {"name": "prometheus", "kind": "metrics"})
+    assert (status, scrape["token"][:4]) == (201, "gpm_")
+    everything = http.get("/metrics", headers={"Authorization": f"Bearer {scrape['token']}"}).text
+    assert projects(everything) == ["p1", "p2"]
+    assert http.get("/api/v1/whoami", headers={"Authorization": f"Bearer {scrape['token']}"}).status_code == 401
+    assert c["ana"]("POST", "/api/v1/tokens", {"name": "mine", "kind": "metrics"})[0] == 403

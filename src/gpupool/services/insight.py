@@ -16,6 +16,7 @@ from gpupool.store.tables import QueueRow, UsageRow, WorkloadRow
 def shares(session: Session, who: Principal, decision: Decision | None) -> list[ShareLine]:
     queues = {q.name: q for q in session.scalars(select(QueueRow))}
     names = {q.id: q.name for q in queues.values()}
+    parents = {q.id: q.parent_id for q in queues.values()}
     pending = dict(
         session.execute(
             select(WorkloadRow.project_id, func.count())
@@ -26,7 +27,7 @@ def shares(session: Session, who: Principal, decision: Decision | None) -> list[
     out = []
     for s in decision.shares if decision else ():
         q = queues.get(s.queue)
-        if q is None or (q.kind == "project" and not who.can_read(q.id)):
+        if q is None or not (who.can_read(q.id) if q.kind == "project" else who.sees_department(q.id, parents)):
             continue
         out.append(
             ShareLine(
