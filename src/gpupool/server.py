@@ -21,7 +21,9 @@ from gpupool.backends.local import GpuSpecError, LocalBackend, discover
 from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
 from gpupool.control.controller import Controller
 from gpupool.services.auth import PrincipalCache
+from gpupool.services.oidc import OidcClient, OidcConfig, RoleMap
 from gpupool.services.org import ensure_admin
+from gpupool.services.sso import Sso
 from gpupool.settings import Settings
 from gpupool.store.engine import make_engine, migrate, session_factory
 
@@ -58,15 +60,44 @@ def isolation(settings: Settings) -> Isolation:
         raise StartupError(str(e)) from None
 
 
+def role_map(settings: Settings) -> RoleMap:
+    try:
+        return RoleMap.parse(settings.oidc_roles)
+    except ValueError as e:
+        raise StartupError(f"--oidc-role {e}") from None
+
+
+def single_sign_on(settings: Settings) -> Sso | None:
+    """The provider's client (it reaches the provider only at the first login) and the role map; None when
+    --oidc-issuer is not given."""
+    if settings.oidc_issuer is None or settings.oidc_client_id is None:
+        return None
+    roles = role_map(settings)
+    secret = settings.oidc_client_secret
+    try:
+        config = OidcConfig(
+            issuer=settings.oidc_issuer, client_id=settings.oidc_client_id,
+            client_secret=None if secret is None else secret.get_secret_value(),
+            redirect_uri=settings.sso_redirect_uri, groups_claim=settings.oidc_groups_claim,
+        )  # fmt: skip
+    except ValueError as e:
+        raise StartupError(f"single sign-on: {e}") from None
+    if not roles.entries:
+        log.warning("single sign-on without --oidc-role: every login will be refused (default deny)")
+    return Sso(OidcClient(config), roles, session_secret(settings.data_dir))
+
+
 def build(settings: Settings) -> tuple[Context, str | None]:
     """Everything a server needs, started except for the HTTP listener. Returns the context and, on first
     start, where the admin token was written."""
+    role_map(settings)  # a bad --oidc-role stops the start before anything is made
     try:
         gpus = discover(settings.gpus)
     except GpuSpecError as e:
         raise StartupError(str(e)) from None
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.data_dir, 0o700)
+    sso = single_sign_on(settings)
     engine = make_engine(settings.database_url)
     try:
         migrate(engine)
@@ -108,7 +139,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     holder.append(controller)
     controller.register_nodes()
     principals = PrincipalCache(first_admin_file=settings.data_dir / "admin-token")
-    return Context(settings, sessions, backend, controller, principals), token_path
+    return Context(settings, sessions, backend, controller, principals, sso=sso), token_path
 
 
 def check_tls(settings: Settings) -> None:
@@ -150,6 +181,9 @@ def serve(settings: Settings, announce: bool = True) -> None:
         if not settings.tls and settings.insecure_http:
             print(f"gpupool: --insecure-http: plain HTTP on {settings.host}; tokens cross the network in clear "
                   "unless TLS ends in front of this server")  # fmt: skip
+        if ctx.sso is not None:
+            print(f"gpupool: single sign-on with {settings.oidc_issuer}; {len(ctx.sso.roles.entries)} group "
+                  f"mapping(s); callback {settings.sso_redirect_uri}")  # fmt: skip
         scheme = "https" if settings.tls else "http"
         print(f"gpupool: API on {scheme}://{settings.host}:{settings.port}  (docs at /docs)", flush=True)
     ctx.controller.start()

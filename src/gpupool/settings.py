@@ -61,7 +61,15 @@ class Settings(BaseModel):
     app_recheck_s: float = Field(30.0, gt=0, le=60)
     """How often an open app websocket's caller is authorised again: a removed member loses it within this."""
     public_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
-    """How users reach this server (for app URLs); None: http://host:port."""
+    """How users reach this server (for app URLs, the single sign-on callback); None: http://host:port."""
+    oidc_issuer: str | None = Field(None, max_length=512)
+    """Single sign-on: the OpenID Connect provider's issuer URL; None: no single sign-on."""
+    oidc_client_id: str | None = Field(None, max_length=255)
+    oidc_client_secret: SecretStr | None = None
+    """From a file (mode 600), never a command line; None: a public client (PKCE alone)."""
+    oidc_roles: tuple[str, ...] = ()
+    """GROUP=admin, GROUP=department:NAME:ROLE or GROUP=project:NAME:ROLE (gpupool.services.oidc_roles)."""
+    oidc_groups_claim: str = Field("groups", min_length=1, max_length=255)
 
     @model_validator(mode="after")
     def _edges(self) -> Settings:
@@ -79,6 +87,10 @@ class Settings(BaseModel):
                 raise ValueError("a database password was given, but the store is SQLite, which takes none")
         elif self.db_password is not None:
             raise ValueError("a database password was given without --db: the default store is SQLite")
+        if (self.oidc_issuer is None) != (self.oidc_client_id is None):
+            raise ValueError("--oidc-issuer and --oidc-client-id go together: give both, or neither")
+        if self.oidc_issuer is None and (self.oidc_client_secret is not None or self.oidc_roles):
+            raise ValueError("--oidc-client-secret-file and --oidc-role need --oidc-issuer and --oidc-client-id")
         return self
 
     @property
@@ -89,6 +101,10 @@ class Settings(BaseModel):
     def public_base_url(self) -> str:
         scheme = "https" if self.tls else "http"
         return (self.public_url or f"{scheme}://{self.host}:{self.port}").rstrip("/")
+
+    @property
+    def sso_redirect_uri(self) -> str:
+        return f"{self.public_base_url}/api/v1/sso/callback"
 
     @property
     def database_url(self) -> str:

@@ -222,7 +222,16 @@ CASES: dict[str, Case] = {
                      lambda actor, t: 204 if actor == "admin" else 403),
     "get_shares": (lambda w, t: ("GET", "/api/v1/shares", None, {}), _everyone(200)),
     "get_timeline": (lambda w, t: ("GET", "/api/v1/reports/timeline", None, {}), _everyone(200)),
+    # Single sign-on needs no token, and this in-process server has no provider: every actor hears so (the
+    # flows themselves are tested against a real Dex in tests/oidc/test_sso.py).
+    "sso_config": (lambda w, t: ("GET", "/api/v1/sso/config", None, {}), _everyone(200)),
+    "sso_login": (lambda w, t: ("GET", "/api/v1/sso/login", None, {}), _everyone(404)),
+    "sso_callback": (lambda w, t: ("GET", "/api/v1/sso/callback", None, {"code": "c", "state": "s"}), _everyone(404)),
+    "sso_session": (lambda w, t: ("POST", "/api/v1/sso/session", None, {}), _everyone(404)),
+    "sso_device_begin": (lambda w, t: ("POST", "/api/v1/sso/device", None, {}), _everyone(404)),
+    "sso_device_poll": (lambda w, t: ("POST", f"/api/v1/sso/device/{'h' * 43}", None, {}), _everyone(404)),
 }
+NO_AUTH = {"healthz", "sso_config", "sso_login", "sso_callback", "sso_session", "sso_device_begin", "sso_device_poll"}
 # Tested on their own below: signing in needs no token, and signing out ends the caller's own session.
 ELSEWHERE = {"login", "logout"}
 
@@ -256,11 +265,13 @@ def test_the_matrix(world: World, operation: str) -> None:
             before = _fingerprint(world)
             r = world.http.request(method, path, json=body, params=params, headers=world.as_(actor))
             got[actor, tenant] = r.status_code
-            anonymous = actor in ("anonymous", "bad") and operation != "healthz"
+            anonymous = actor in ("anonymous", "bad") and operation not in NO_AUTH
             want[actor, tenant] = 401 if anonymous else expect(actor, tenant)
             if r.status_code >= 400:
                 assert _fingerprint(world) == before, (operation, actor, tenant, "wrote on refusal")
                 assert set(r.json()) == {"detail"}, r.text
+                if operation.startswith("sso_"):
+                    assert r.json() == {"detail": "single sign-on is not configured"}
     assert got == want
 
 
@@ -282,10 +293,10 @@ def test_every_mutating_operation_leaves_an_audit_record(world: World) -> None:
     w = world
     mutating = [(m.upper(), path) for path, ops in w.api.app.openapi()["paths"].items() for m in ops
                 if m.upper() in ("POST", "PUT", "PATCH", "DELETE")]  # fmt: skip
-    assert len(mutating) == 19
+    assert len(mutating) == 22  # 19, and single sign-on's session, device and device/{handle}
     for i, (method, path) in enumerate(mutating):
         concrete = path.replace("{name}", "p1").replace("{user}", "member").replace("{token_id}", "1")
-        concrete = concrete.replace("{ref}", "w1")
+        concrete = concrete.replace("{ref}", "w1").replace("{handle}", "h" * 43)
         r = w.http.request(method, concrete, json={}, headers={"X-Request-ID": f"matrix-audit-{i:04d}"})
         rid = r.headers["x-request-id"]
         assert rid == f"matrix-audit-{i:04d}"  # a caller's request id is kept, to follow a request across logs

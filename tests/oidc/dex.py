@@ -59,14 +59,30 @@ def _port() -> int:
 
 class Dex:
     def __init__(
-        self, root: Path, exe: Path, *, storage: dict[str, Any] | None = None, expiry: dict[str, str] | None = None
+        self,
+        root: Path,
+        exe: Path,
+        *,
+        storage: dict[str, Any] | None = None,
+        expiry: dict[str, str] | None = None,
+        web_redirects: tuple[str, ...] = (),
+        path: str = "/dex",
     ) -> None:
+        """`web_redirects`: more redirect URIs for the web client (a gpupool server's SSO callback); with any,
+        the web client may use the device flow too: Dex wants its device callback named for a confidential
+        client, and sends the browser to that name as it is, '/device/callback' on the host, so the device flow
+        of a confidential client works only with an issuer at the root (`path=""`)."""
         self.root, self.exe = root, exe
         self.port = _port()
-        self.issuer = f"http://127.0.0.1:{self.port}/dex"
+        self.issuer = f"http://127.0.0.1:{self.port}{path}"
         self.storage = storage or {"type": "memory"}
         self.expiry = expiry or {}
+        self.web_redirects = [*web_redirects, "/device/callback"] if web_redirects else []
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def redirects(self) -> list[str]:
+        return [REDIRECT, *self.web_redirects]
 
     def config(self) -> dict[str, Any]:
         return {
@@ -80,7 +96,7 @@ class Dex:
             "staticPasswords": [{**u, "hash": PASSWORD_HASH} for u in USERS],
             "connectors": [{"type": "mockCallback", "id": "mock", "name": "Mock"}],
             "staticClients": [
-                {"id": WEB_CLIENT, "secret": WEB_SECRET, "name": "gpupool", "redirectURIs": [REDIRECT]},
+                {"id": WEB_CLIENT, "secret": WEB_SECRET, "name": "gpupool", "redirectURIs": self.redirects},
                 {"id": OTHER_CLIENT, "secret": OTHER_SECRET, "name": "Other", "redirectURIs": [OTHER_REDIRECT]},
                 {"id": CLI_CLIENT, "name": "gpupool CLI", "public": True},
             ],

@@ -13,7 +13,7 @@ from gpupool import __version__
 from gpupool.api.auditing import AuditTrail
 from gpupool.api.deps import Context
 from gpupool.api.errors import BodyLimit, validation_error
-from gpupool.api.routers import access, apps, nodes, org, pools, portal, system, workloads
+from gpupool.api.routers import access, apps, nodes, org, pools, portal, sso, system, workloads
 from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
 
@@ -74,7 +74,7 @@ def create_app(ctx: Context) -> FastAPI:
 
     app.include_router(system.router)
     app.include_router(apps.router)
-    for r in (org.router, access.router, workloads.router, nodes.router, pools.router, portal.router):
+    for r in (org.router, access.router, workloads.router, nodes.router, pools.router, portal.router, sso.router):
         app.include_router(r, prefix="/api/v1")
 
     # The portal: static files that hold no data; every figure they show comes from the API with the

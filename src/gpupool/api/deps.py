@@ -15,6 +15,7 @@ from gpupool.backends.base import Backend
 from gpupool.control.controller import Controller
 from gpupool.services.auth import Principal, PrincipalCache
 from gpupool.services.sessions import LoginLimiter
+from gpupool.services.sso import Sso
 from gpupool.settings import Settings
 
 
@@ -26,6 +27,8 @@ class Context:
     controller: Controller
     principals: PrincipalCache = field(default_factory=PrincipalCache)
     limiter: LoginLimiter = field(default_factory=LoginLimiter)
+    sso: Sso | None = None
+    """Single sign-on with an OpenID Connect provider, where the server was started with one."""
 
 
 # The dependencies are coroutines that do no blocking I/O of their own (a session connects lazily; a cached

@@ -327,3 +327,28 @@ class PoolPublic(Wire):
     share_across_projects: bool
     updated_at: float | None
     """When an admin last changed its settings; null while it has the defaults."""
+
+
+class SsoConfig(Wire):
+    """Whether this server offers single sign-on (the portal shows its button only then)."""
+
+    enabled: bool
+
+
+class DeviceStart(Wire):
+    """A device login under way: show `user_code` and open `verification_uri_complete` (or `verification_uri`
+    and type the code); poll `POST /api/v1/sso/device/{handle}` every `interval` seconds for `expires_in`."""
+
+    handle: str
+    user_code: str
+    verification_uri: str
+    verification_uri_complete: str | None
+    interval: int
+    expires_in: int
+
+
+class DevicePending(Wire):
+    """Not approved yet: poll again in `interval` seconds (more after the provider's slow_down)."""
+
+    status: Literal["pending", "slow_down"]
+    interval: int

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import typer
 
-from gpupool.api.schemas import DepartmentCreate, ProjectCreate, QueuePublic, QuotaUpdate, UserCreate
+from gpupool.api.schemas import DepartmentCreate, LoginResponse, ProjectCreate, QueuePublic, QuotaUpdate, UserCreate
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table, save_config
 from gpupool.client import ApiError, Client
 
@@ -22,15 +23,49 @@ Pool = Annotated[str, typer.Option("--pool", help="The pool (node group) these G
 
 def login(
     url: Annotated[str, typer.Option("--url", help="The server, e.g. http://127.0.0.1:8470")],
-    token: Annotated[str, typer.Option("--token", help="Your token (`gpupool token create`, or the admin's first).")],
+    token: Annotated[
+        str | None, typer.Option("--token", help="Your token (`gpupool token create`, or the admin's first).")
+    ] = None,
+    sso: Annotated[
+        bool, typer.Option("--sso", help="Sign in through the server's identity provider, in a browser.")
+    ] = False,
 ) -> None:
-    """Save the server and token for later commands (mode 600)."""
+    """Save the server and token for later commands (mode 600): a token you have, or (--sso) a session from
+    single sign-on, approved in a browser."""
+    if (token is None) == (not sso):
+        fail("give --token TOKEN or --sso, one of them", 2)
+    if token is None:
+        token = _device_login(url)
     with Client(url, token) as c:
         me = c.whoami()
     cfg = load_config()
     cfg.update({"url": url, "token": token})
     path = save_config(cfg)
     print(f"logged in to {url} as {me.name} ({me.role}); saved in {path}")
+
+
+def _device_login(url: str) -> str:
+    """The provider's device flow through the server: show the code, poll at the interval, return the session."""
+    try:
+        with Client(url, None) as c:
+            start = c.sso_device_begin()
+            print(f"open {start.verification_uri_complete or start.verification_uri} (code {start.user_code})",
+                  flush=True)  # fmt: skip
+            interval = float(start.interval)
+            deadline = time.monotonic() + start.expires_in
+            while time.monotonic() < deadline:
+                time.sleep(interval)
+                got = c.sso_device_poll(start.handle)
+                if isinstance(got, LoginResponse):
+                    return got.token
+                interval = float(got.interval)
+    except KeyboardInterrupt:
+        fail("interrupted: not logged in", 130)
+    except ApiError as e:
+        if e.status in (404, 410):
+            fail(f"not logged in: {e.reason}", 1)
+        fail(f"single sign-on refused: {e.reason}" if e.status == 403 else e.reason, 1)
+    fail("the code expired before it was approved: not logged in; run `gpupool login --sso` again", 1)
 
 
 def whoami(output: Output = OutputOpt) -> None:

@@ -84,6 +84,27 @@ def server(
     app_recheck: Annotated[
         float, typer.Option("--app-recheck", help="Seconds between re-checks of an open app connection's rights.")
     ] = 30.0,
+    oidc_issuer: Annotated[
+        str | None, typer.Option("--oidc-issuer", help="Single sign-on: the OpenID Connect provider's issuer URL.")
+    ] = None,
+    oidc_client_id: Annotated[
+        str | None, typer.Option("--oidc-client-id", help="This server's client id at the provider.")
+    ] = None,
+    oidc_client_secret_file: Annotated[
+        Path | None,
+        typer.Option("--oidc-client-secret-file", help="A file (mode 600) holding the client secret."),
+    ] = None,
+    oidc_role: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--oidc-role",
+            help="GROUP=admin, GROUP=department:NAME:ROLE or GROUP=project:NAME:ROLE (repeatable); "
+            "a login whose groups map to nothing is refused.",
+        ),
+    ] = None,
+    oidc_groups_claim: Annotated[
+        str, typer.Option("--oidc-groups-claim", help="The ID token's claim that lists the user's groups.")
+    ] = "groups",
 ) -> None:
     """Start gpupool: API on 127.0.0.1:8470, scheduler, local backend, SQLite store."""
     from gpupool.server import StartupError, serve
@@ -93,6 +114,9 @@ def server(
     if db is not None and not db.startswith(("postgresql://", "postgresql+psycopg://", "sqlite:///")):
         fail("--db: expected postgresql://user@host/dbname or sqlite:///path", 2)  # echoing it could show a password
     password = _db_password(db_password_file)
+    oidc_secret = None
+    if oidc_client_secret_file is not None:
+        oidc_secret = _secret_file(oidc_client_secret_file, "--oidc-client-secret-file")
     try:
         settings = Settings(
             data_dir=data_dir or default_data_dir(), db_url=db, db_password=password, backend=backend,
@@ -100,7 +124,8 @@ def server(
             tls_cert=tls_cert, tls_key=tls_key, insecure_http=insecure_http, gpus=gpus, pool=pool,
             interval_s=interval, grace_s=grace, min_runtime_s=overrides or None, telemetry_interval_s=telemetry,
             prices=prices, single_user=single_user, uid_base=uid_base, public_url=public_url,
-            app_recheck_s=app_recheck,
+            app_recheck_s=app_recheck, oidc_issuer=oidc_issuer, oidc_client_id=oidc_client_id,
+            oidc_client_secret=oidc_secret, oidc_roles=tuple(oidc_role or ()), oidc_groups_claim=oidc_groups_claim,
         )  # fmt: skip
     except ValidationError as e:
         # The messages only: pydantic's own text would echo the input, a database URL included.
@@ -125,13 +150,18 @@ def _db_password(path: Path | None) -> str | None:
         return from_env
     if from_env is not None:
         fail("the database password is given twice: set GPUPOOL_DB_PASSWORD or give --db-password-file, not both", 2)
+    return _secret_file(path, "--db-password-file")
+
+
+def _secret_file(path: Path, flag: str) -> str:
+    """A secret from a file only its owner can read (its first line's end stripped)."""
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
         if mode & 0o077:
-            fail(f"--db-password-file {path}: mode {mode:o} lets others read it; chmod 600 it", 2)
+            fail(f"{flag} {path}: mode {mode:o} lets others read it; chmod 600 it", 2)
         text = path.read_text().rstrip("\r\n")
     except OSError as e:
-        fail(f"--db-password-file {path}: {e.strerror}", 2)
+        fail(f"{flag} {path}: {e.strerror}", 2)
     if not text:
-        fail(f"--db-password-file {path}: the file is empty", 2)
+        fail(f"{flag} {path}: the file is empty", 2)
     return text

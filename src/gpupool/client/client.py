@@ -20,7 +20,10 @@ from gpupool.api.access import (
 )
 from gpupool.api.schemas import (
     DepartmentCreate,
+    DevicePending,
+    DeviceStart,
     Health,
+    LoginResponse,
     NodePublic,
     Page,
     PolicyPublic,
@@ -30,6 +33,7 @@ from gpupool.api.schemas import (
     ProjectCreate,
     QueuePublic,
     QuotaUpdate,
+    SsoConfig,
     UsageReport,
     UserCreate,
     UserCreated,
@@ -230,6 +234,21 @@ class Client:
 
     def update_pool(self, name: str, body: PoolUpdate) -> PoolPublic:
         return self._send(PoolPublic, "PATCH", f"/api/v1/pools/{name}", body)
+
+    # -- single sign-on (no token needed) -------------------------------------------------------------------
+    def sso_config(self) -> SsoConfig:
+        return self._get(SsoConfig, "/api/v1/sso/config")
+
+    def sso_device_begin(self) -> DeviceStart:
+        return self._send(DeviceStart, "POST", "/api/v1/sso/device")
+
+    def sso_device_poll(self, handle: str) -> LoginResponse | DevicePending:
+        """One poll: the session once approved, DevicePending (wait its interval) before. ApiError 403 when
+        refused, 410 when the code expired."""
+        resp = self._call("POST", f"/api/v1/sso/device/{handle}")
+        if resp.status_code == 202:
+            return DevicePending.model_validate(resp.json())
+        return LoginResponse.model_validate(resp.json())
 
 
 def _project(project: str | None) -> dict[str, str]:

@@ -42,8 +42,13 @@ function loginPage() {
       <button>Sign in</button></form>
     <p class="reason">or with a token (<code>gpupool user create</code> prints one):</p>
     <form id="tok"><label><span>Token</span><input name="token" type="password"></label><button>Use token</button></form>
+    <p id="sso-box" hidden><button id="sso" type="button">Sign in with single sign-on</button></p>
     <p id="err" class="error"></p></section>`));
   const fail = (e) => { document.getElementById("err").textContent = e.message; };
+  const ssoError = new URLSearchParams(location.hash.split("?")[1] || "").get("sso_error");
+  if (ssoError) fail(new Error(`Single sign-on failed: ${SSO_ERRORS[ssoError] || SSO_ERRORS.other}.`));
+  document.getElementById("sso").onclick = () => { location.href = "/api/v1/sso/login"; };
+  fetch("/api/v1/sso/config").then((r) => r.json()).then((c) => { document.getElementById("sso-box").hidden = !c.enabled; }).catch(() => {});
   document.getElementById("pw").onsubmit = async (ev) => {
     ev.preventDefault();
     const f = new FormData(ev.target);
@@ -60,6 +65,33 @@ function loginPage() {
     sessionStorage.setItem("gpupool-token", new FormData(ev.target).get("token"));
     try { await start(); } catch (e) { fail(new Error("that token is not valid")); }
   };
+}
+
+// Why a single sign-on was refused: the server sends a short code, never the provider's own words.
+const SSO_ERRORS = {
+  no_access: "your groups give you no access to gpupool",
+  email_unverified: "your identity provider has not verified your email address",
+  state: "the sign-in expired or did not start here; try again",
+  provider_denied: "the identity provider did not sign you in",
+  provider: "the identity provider cannot be reached now",
+  grant: "the identity provider refused the sign-in; try again",
+  other: "the identity provider's answer could not be verified",
+};
+
+// The last step of a single sign-on: the server kept the new session in a one-time cookie, not in a URL.
+async function ssoExchange() {
+  try {
+    const res = await fetch("/api/v1/sso/session", { method: "POST" });
+    const j = await res.json();
+    if (!res.ok) throw new Error(j.detail || "single sign-on failed");
+    sessionStorage.setItem("gpupool-token", j.token);
+    history.replaceState(null, "", "/#/workloads");
+    await start();
+  } catch (e) {
+    history.replaceState(null, "", "/#/login");
+    loginPage();
+    document.getElementById("err").textContent = e.message;
+  }
 }
 
 // ---- my workloads -------------------------------------------------------------------------------------------
@@ -314,7 +346,8 @@ const PAGES = { workloads: workloadsPage, cluster: clusterPage, quotas: quotasPa
 
 async function route() {
   clearInterval(timer);
-  const page = location.hash.replace("#/", "") || "workloads";
+  const page = location.hash.replace("#/", "").split("?")[0] || "workloads";
+  if (page === "sso") { await ssoExchange(); return; }
   if (!token() || !me) { if (token()) { try { await start(); } catch (e) { loginPage(); } return; } loginPage(); return; }
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === page));
   try { await (PAGES[page] || workloadsPage)(); } catch (e) { if (e.message !== "signed out") main.replaceChildren(el(`<p class="error">${esc(e.message)}</p>`)); }
@@ -325,7 +358,7 @@ async function start() {
   document.getElementById("who").textContent = `${me.name} (${me.role})`;
   document.getElementById("nav").hidden = false;
   document.getElementById("signout").hidden = false;
-  if (!location.hash || location.hash === "#/login") location.hash = "#/workloads"; else await route();
+  if (!location.hash || location.hash.startsWith("#/login")) location.hash = "#/workloads"; else await route();
 }
 
 document.getElementById("signout").onclick = async () => {
