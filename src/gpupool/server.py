@@ -174,7 +174,7 @@ def serve(settings: Settings, announce: bool = True) -> None:
             print("gpupool: --single-user: workloads run as this server's user; tenants are NOT isolated")
         elif settings.backend == "local":
             limits = ctx.backend.capabilities().isolation.get("cpu_memory", "advisory")
-            print(f"gpupool: workloads sandboxed (a uid per project, bubblewrap); cpu and memory limits {limits}")
+            print(f"gpupool: workloads sandboxed (a uid per project, bubblewrap); cpu and memory: {limits}")
             if not ctx.backend.capabilities().notebooks:
                 print(f"gpupool: notebooks are off: JupyterLab is not installed, or workloads cannot run "
                       f"{sys.executable} (its files must be readable by other users)")  # fmt: skip

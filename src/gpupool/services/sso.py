@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.services.auth import RANK, Principal, principal_for
@@ -202,7 +203,7 @@ def _memberships(session: Session, roles: RoleMap, groups: tuple[str, ...]) -> t
 
 
 def sign_in(
-    session: Session, identity: Identity, roles: RoleMap, now: float | None = None
+    session: Session, identity: Identity, roles: RoleMap, now: float | None = None, retried: bool = False
 ) -> tuple[str, float, Principal]:
     """A session for this identity: the user found (or made) by issuer and subject, with the memberships the
     map grants now. Refused for an unverified email, or when the groups grant nothing."""
@@ -223,7 +224,14 @@ def sign_in(
             issuer=identity.issuer, subject=identity.subject, email=identity.email, created_at=at,
         )  # fmt: skip
         session.add(user)
-        session.flush()
+        try:
+            session.flush()
+        except IntegrityError:
+            # Two first sign-ins at once: the other made the user (or took the name); once more finds it.
+            session.rollback()
+            if retried:
+                raise
+            return sign_in(session, identity, roles, now, retried=True)
     user.email = identity.email
     viewer_only = bool(grants) and all(r == "viewer" for r in grants.values())
     user.role = "admin" if admin else "viewer" if viewer_only else "member"

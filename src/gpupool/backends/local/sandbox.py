@@ -62,7 +62,7 @@ class Isolation:
                 "apps": "advisory: reachable by anyone on this host",
                 "cpu_memory": "advisory",
             }
-        limits = "advisory" if self.limits.mode == "advisory" else f"enforced ({self.limits.mode})"
+        limits = "advisory" if self.limits.mode == "advisory" else f"requests are limits ({self.limits.mode})"
         return {
             "identity": "enforced: an unprivileged uid of the project's own",
             "filesystem": "enforced: bubblewrap; system read-only, own workdir and private /tmp writable",
