@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpupool.api.schemas import Name, Wire
+from gpupool.api.schemas import Name, Reply, Wire
 
 TokenKind = Literal["personal", "service", "session", "apikey", "metrics"]
 MemberRole = Literal["member", "viewer", "admin"]
@@ -26,7 +26,7 @@ class TokenCreate(Wire):
     expires_in_days: int = Field(90, ge=1, le=365)
 
 
-class TokenPublic(Wire):
+class TokenPublic(Reply):
     id: int
     name: str
     kind: TokenKind
@@ -49,13 +49,13 @@ class MemberSet(Wire):
     role: MemberRole = "member"
 
 
-class MemberPublic(Wire):
+class MemberPublic(Reply):
     user: str
     queue: str
     role: MemberRole
 
 
-class AuditPublic(Wire):
+class AuditPublic(Reply):
     id: int
     at: float
     request_id: str
@@ -80,7 +80,7 @@ class SecretSet(Wire):
     value: str = Field(max_length=32_768)
 
 
-class SecretPublic(Wire):
+class SecretPublic(Reply):
     """A secret's name and who set it when: its value is never shown back."""
 
     name: str

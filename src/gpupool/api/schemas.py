@@ -42,7 +42,16 @@ ShortText = Annotated[str, Field(max_length=63)]
 
 
 class Wire(BaseModel):
+    """What a client sends: an unknown field is refused (a typo, or a field this server does not know)."""
+
     model_config = ConfigDict(extra="forbid")
+
+
+class Reply(BaseModel):
+    """What the server answers: read tolerantly, so a client of this release keeps working against a newer server
+    that answers with more fields."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 class QuotaIn(Wire):
@@ -70,14 +79,14 @@ class QuotaUpdate(Wire):
     weight: int | None = Field(None, ge=0, le=1000)
 
 
-class QuotaPublic(Wire):
+class QuotaPublic(Reply):
     pool: str
     deserved_gpus: float
     limit_gpus: float | None
     weight: int
 
 
-class QueuePublic(Wire):
+class QueuePublic(Reply):
     name: str
     kind: Literal["department", "project"]
     parent: str | None
@@ -100,7 +109,7 @@ class PolicyUpdate(Wire):
     idle_threshold_pct: int | None = Field(None, ge=0, le=100)
 
 
-class PolicyPublic(Wire):
+class PolicyPublic(Reply):
     queue: str
     own: dict[str, object]
     """What this queue sets itself."""
@@ -111,7 +120,7 @@ class PolicyPublic(Wire):
     """Which queue each effective limit comes from."""
 
 
-class UsageLine(Wire):
+class UsageLine(Reply):
     key: str
     gpu_hours: float
     busy_gpu_hours: float
@@ -121,7 +130,7 @@ class UsageLine(Wire):
     idle_cost: float
 
 
-class UsageReport(Wire):
+class UsageReport(Reply):
     start: float
     end: float
     by: Literal["department", "project", "user", "workload"]
@@ -135,7 +144,7 @@ class UserCreate(Wire):
     projects: list[ShortText] = Field(default_factory=list, max_length=100)
 
 
-class UserPublic(Wire):
+class UserPublic(Reply):
     name: str
     role: Role
     projects: list[str]
@@ -167,13 +176,13 @@ class WorkloadCreate(Wire):
     pools: list[ShortText] = Field(default_factory=list, max_length=16)
 
 
-class DevicePublic(Wire):
+class DevicePublic(Reply):
     index: int
     milli: int
     memory_mib: int
 
 
-class AllocationPublic(Wire):
+class AllocationPublic(Reply):
     member: int
     node: str
     devices: list[DevicePublic]
@@ -181,13 +190,13 @@ class AllocationPublic(Wire):
     port: int | None
 
 
-class EventPublic(Wire):
+class EventPublic(Reply):
     at: float
     state: str
     reason: str
 
 
-class WorkloadPublic(Wire):
+class WorkloadPublic(Reply):
     id: int
     name: str
     project: str
@@ -234,12 +243,12 @@ class WorkloadDetail(WorkloadPublic):
     idle_threshold_pct: int | None = None
 
 
-class Page(Wire, Generic[T]):
+class Page(Reply, Generic[T]):
     items: list[T]
     next_cursor: str | None = None
 
 
-class DeviceUsage(Wire):
+class DeviceUsage(Reply):
     index: int
     model: str
     memory_mib: int
@@ -247,7 +256,7 @@ class DeviceUsage(Wire):
     workloads: list[str]
 
 
-class NodePublic(Wire):
+class NodePublic(Reply):
     name: str
     pool: str
     backend: str
@@ -262,7 +271,7 @@ class LoginRequest(Wire):
     password: str = Field(max_length=1024)
 
 
-class LoginResponse(Wire):
+class LoginResponse(Reply):
     token: str
     expires_at: float
     name: str
@@ -275,7 +284,7 @@ class PasswordSet(Wire):
     """Your current password, when you change your own (and have one)."""
 
 
-class ShareLine(Wire):
+class ShareLine(Reply):
     """A department's or project's standing in one pool, from the last scheduling cycle (GPUs)."""
 
     queue: str
@@ -290,7 +299,7 @@ class ShareLine(Wire):
     pending: int
 
 
-class TimelinePoint(Wire):
+class TimelinePoint(Reply):
     at: float
     allocated_gpus: float
     busy_gpus: float
@@ -298,7 +307,7 @@ class TimelinePoint(Wire):
     """project → [allocated, busy] GPUs over the minute."""
 
 
-class WhoAmI(Wire):
+class WhoAmI(Reply):
     name: str
     role: CallerRole
     projects: list[str]
@@ -306,7 +315,7 @@ class WhoAmI(Wire):
     """Departments the caller administers."""
 
 
-class Health(Wire):
+class Health(Reply):
     status: Literal["ok"]
     version: str
 
@@ -319,7 +328,7 @@ class PoolUpdate(Wire):
     are not isolated from each other, so pools do not allow it unless an admin says so."""
 
 
-class PoolPublic(Wire):
+class PoolPublic(Reply):
     name: str
     nodes: int
     """Nodes that name this pool now."""
@@ -329,13 +338,13 @@ class PoolPublic(Wire):
     """When an admin last changed its settings; null while it has the defaults."""
 
 
-class SsoConfig(Wire):
+class SsoConfig(Reply):
     """Whether this server offers single sign-on (the portal shows its button only then)."""
 
     enabled: bool
 
 
-class DeviceStart(Wire):
+class DeviceStart(Reply):
     """A device login under way: show `user_code` and open `verification_uri_complete` (or `verification_uri`
     and type the code); poll `POST /api/v1/sso/device/{handle}` every `interval` seconds for `expires_in`."""
 
@@ -347,7 +356,7 @@ class DeviceStart(Wire):
     expires_in: int
 
 
-class DevicePending(Wire):
+class DevicePending(Reply):
     """Not approved yet: poll again in `interval` seconds (more after the provider's slow_down)."""
 
     status: Literal["pending", "slow_down"]
