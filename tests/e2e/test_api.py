@@ -106,6 +106,11 @@ def test_unknown_projects_pools_fields_and_bad_yaml_are_refused(org_server: Serv
     assert [x["name"] for x in s.json("list")] == ["from-yaml"]
     dup = s.cli("apply", "-f", str(good), check=False)
     assert dup.returncode == 1 and "already has a workload named" in dup.stderr
+    # A retry key in the file makes applying it twice submit once (issue 15: the field used to be refused).
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text("project: vision\nname: keyed\nidempotency_key: nightly-1\ncommand: [sleep, '30']\n")
+    first, again = s.json("apply", "-f", str(keyed)), s.json("apply", "-f", str(keyed))
+    assert (first["id"], first["name"]) == (again["id"], "keyed")
 
 
 def test_idempotent_submits_pagination_metrics_and_operation_ids(org_server: Server) -> None:

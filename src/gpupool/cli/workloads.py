@@ -94,6 +94,10 @@ def apply(
     if not isinstance(data, dict):
         fail(f"{file}: expected a mapping of workload fields (project, name, type, gpus, command, ...)", 2)
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    # Not a field of the workload: the submit's retry key, sent as the Idempotency-Key header.
+    key = data.pop("idempotency_key", None)
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 128):
+        fail(f"{file}: idempotency_key is a string of 1 to 128 characters", 2)
     with client() as c:
         if "project" not in data:
             data["project"] = _project(c, None)
@@ -101,7 +105,7 @@ def apply(
             body = WorkloadCreate.model_validate(data)
         except ValidationError as e:
             fail(f"{file}: {_validation(e)}", 2)
-        _submitted(c.submit(body, data.get("idempotency_key")), output)
+        _submitted(c.submit(body, key), output)
 
 
 def _age(since: float) -> str:
