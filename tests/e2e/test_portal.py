@@ -153,3 +153,22 @@ def test_an_admin_signs_in_with_a_token_and_edits_a_quota_in_place(
     row.get_by_role("button", name="Save").click()
     expect(page.locator("#quota-err")).to_contain_text("more than its own")
     _shot(page, "6-quotas-admin")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_api_docs_render_under_the_strict_csp_with_nothing_from_outside(
+    make_server: Callable[..., Server], browser: Browser
+) -> None:
+    s = make_server("fake:1xH100-80GB")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    refused: list[str] = []
+    outside: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(s.url) else None)
+    page.goto(s.url + "/docs")
+    expect(page.locator(".opblock-summary-path").filter(has_text="/api/v1/workloads").first).to_be_visible(
+        timeout=30_000
+    )
+    _shot(page, "7-api-docs")
+    assert (refused, outside) == ([], [])
+    assert httpx.get(s.url + "/redoc", follow_redirects=False).headers["location"] == "/docs"

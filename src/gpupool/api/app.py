@@ -13,7 +13,7 @@ from gpupool import __version__
 from gpupool.api.auditing import AuditTrail
 from gpupool.api.deps import Context
 from gpupool.api.errors import BodyLimit, validation_error
-from gpupool.api.routers import access, apps, nodes, org, pools, portal, sso, system, workloads
+from gpupool.api.routers import access, apps, docs, nodes, org, pools, portal, sso, system, workloads
 from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
 
@@ -63,6 +63,8 @@ def create_app(ctx: Context) -> FastAPI:
         version=__version__,
         description="A self-service internal GPU cloud.",
         generate_unique_id_function=_operation_id,
+        docs_url=None,  # FastAPI's own pages load Swagger UI from a CDN with inline script: see api/docs.py
+        redoc_url=None,
     )
     app.state.ctx = ctx
 
@@ -73,6 +75,8 @@ def create_app(ctx: Context) -> FastAPI:
     app.add_exception_handler(RequestValidationError, validation_error)
 
     app.include_router(system.router)
+    app.include_router(docs.router)
+    app.mount("/docs-assets", StaticFiles(directory=docs.ASSETS), name="docs-assets")
     app.include_router(apps.router)
     for r in (org.router, access.router, workloads.router, nodes.router, pools.router, portal.router, sso.router):
         app.include_router(r, prefix="/api/v1")
