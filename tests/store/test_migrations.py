@@ -5,22 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
+from sqlalchemy import text
 
-from gpupool.store.engine import make_engine, migrate
+from gpupool.services.auth import authenticate, hash_token
+from gpupool.store.engine import MIGRATIONS, make_engine, migrate, session_factory
 from gpupool.store.tables import Base
 from tests.e2e.postgres import Postgres
 
 
+def _database(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'db.sqlite'}"
+    pg: Postgres = request.getfixturevalue("postgres")
+    return pg.new_database()
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_migrations_match_the_models(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    else:
-        pg: Postgres = request.getfixturevalue("postgres")
-        url = pg.new_database()
-    engine = make_engine(url)
+    engine = make_engine(_database(backend, tmp_path, request))
     migrate(engine)
     migrate(engine)  # idempotent: a restart runs it again
     with engine.connect() as conn:
@@ -32,19 +38,7 @@ def test_migrations_match_the_models(backend: str, tmp_path: Path, request: pyte
 def test_tenancy_keeps_every_users_token_and_viewers_stay_viewers(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    from alembic import command
-    from alembic.config import Config
-    from sqlalchemy import text
-
-    from gpupool.services.auth import authenticate, hash_token
-    from gpupool.store.engine import MIGRATIONS, session_factory
-
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    else:
-        pg: Postgres = request.getfixturevalue("postgres")
-        url = pg.new_database()
-    engine = make_engine(url)
+    engine = make_engine(_database(backend, tmp_path, request))
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as conn:

@@ -51,8 +51,9 @@ def render(
         g.oldest_pending.labels(q.name).set(0)
     decision = controller.last_decision
     shown = {q.name for q in projects.values()}
+    sees_all = all(visible(pid) for pid in names)
     for share in decision.shares if decision else ():
-        if share.queue in shown or all(visible(pid) for pid in names):
+        if sees_all or share.queue in shown:
             g.fair_share.labels(share.queue, share.pool).set(share.fair_share / 1000)
     now = time.time()
     waiting = session.execute(

@@ -90,8 +90,9 @@ def principal_for(
     kind: str = "personal",
 ) -> Principal:
     """The user's rights now, narrowed to `scope` (a project) and `cap` (a role) where a token says so."""
-    parents = {q.id: q.parent_id for q in session.scalars(select(QueueRow))}
-    kinds = {q.id: q.kind for q in session.scalars(select(QueueRow))}
+    queues = session.scalars(select(QueueRow)).all()
+    parents = {q.id: q.parent_id for q in queues}
+    kinds = {q.id: q.kind for q in queues}
     projects: dict[int, str] = {}
     departments: set[int] = set()
     for m in session.scalars(select(MembershipRow).where(MembershipRow.user_id == user.id)):
