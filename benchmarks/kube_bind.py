@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.e2e.conftest import Server
 from tests.kubernetes.cluster import Cluster, binaries
 
-from gpupool.api.schemas import ProjectCreate, WorkloadCreate
+from gpupool.models.schemas import ProjectCreate, WorkloadCreate
 
 
 class PodClock:

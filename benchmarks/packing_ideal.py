@@ -115,8 +115,17 @@ def main() -> None:
     summary = {name: round(statistics.mean(v), 3) for name, v in results.items()}
     for name, mean in summary.items():
         print(f"{name:>10}: {mean:.2f}% unallocated at 100% arrived (seeds {args.seeds})")
-    print(json.dumps({"trace": args.trace, "seeds": args.seeds, "unallocated_pct": summary,
-                      "machine": platform.machine(), "python": platform.python_version()}))
+    print(
+        json.dumps(
+            {
+                "trace": args.trace,
+                "seeds": args.seeds,
+                "unallocated_pct": summary,
+                "machine": platform.machine(),
+                "python": platform.python_version(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import httpx
 
-from gpupool.api.schemas import DepartmentCreate, ProjectCreate, WorkloadCreate
 from gpupool.client import Client
+from gpupool.models.schemas import DepartmentCreate, ProjectCreate, WorkloadCreate
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
 

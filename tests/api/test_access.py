@@ -199,6 +199,7 @@ def test_shares_and_metrics_show_a_caller_only_its_own_tenants(org: Any) -> None
     )
     seen = {who: sorted(x["queue"] for x in c[who]("GET", "/api/v1/shares")[1]) for who in ("admin", "dee", "ana")}
     assert seen == {"admin": ["d1", "d2", "p1", "p2"], "dee": ["d1", "p1"], "ana": ["d1", "p1"]}
+
     def projects(text: str) -> list[str]:
         return sorted({ln.split('project="')[1].split('"')[0] for ln in text.splitlines() if 'project="' in ln})
 

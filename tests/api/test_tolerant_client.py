@@ -9,9 +9,9 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from gpupool.api.access import TokenCreate
-from gpupool.api.schemas import ProjectCreate, WorkloadCreate
 from gpupool.client import Client
+from gpupool.models.access import TokenCreate
+from gpupool.models.schemas import ProjectCreate, WorkloadCreate
 from tests.api.inprocess import make_api
 
 MAPS = frozenset({"env", "isolation", "own", "idle_timeout_s", "max_runtime_s", "source"})

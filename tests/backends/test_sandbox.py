@@ -102,7 +102,7 @@ def test_a_service_gets_a_network_of_its_own_bridged_to_its_app_socket(tmp_path:
     assert "--unshare-net" in argv
     bridge = argv[argv.index("-c") + 1]
     assert bridge == (
-        "socat UNIX-LISTEN:/run/gpupool/app.sock,fork,mode=600,unlink-early TCP:127.0.0.1:8000 & exec \"$@\""
+        'socat UNIX-LISTEN:/run/gpupool/app.sock,fork,mode=600,unlink-early TCP:127.0.0.1:8000 & exec "$@"'
     )
     assert argv[-1] == "serve"
     notebook, _ = box.argv(_member(tmp_path), ("lab",))

@@ -41,8 +41,15 @@ class Cluster:
     # -- hardware ------------------------------------------------------------------------------------
 
     def pool(
-        self, name: str, nodes: int = 1, gpus: int = 8, model: str = "H100", gpu_memory_gib: int = 80,
-        cpus: int = 64, memory_gib: int = 512, share_across_projects: bool = False,
+        self,
+        name: str,
+        nodes: int = 1,
+        gpus: int = 8,
+        model: str = "H100",
+        gpu_memory_gib: int = 80,
+        cpus: int = 64,
+        memory_gib: int = 512,
+        share_across_projects: bool = False,
     ) -> Cluster:
         self.pool_settings[name] = PoolSettings(share_across_projects=share_across_projects)
         start = sum(1 for n in self.nodes if n.pool == name)
@@ -59,14 +66,28 @@ class Cluster:
         return self._queue(name, None, deserved, limit, weight, pool, False)
 
     def project(
-        self, name: str, department: str | None = None, deserved: float = 0, limit: float | None = None,
-        weight: int = 1, pool: str = "", strict_fifo: bool = False, **host: int,
+        self,
+        name: str,
+        department: str | None = None,
+        deserved: float = 0,
+        limit: float | None = None,
+        weight: int = 1,
+        pool: str = "",
+        strict_fifo: bool = False,
+        **host: int,
     ) -> Cluster:
         """`host` takes CPU and memory quotas as Quota spells them: cpu_limit=8000, memory_deserved=..."""
         return self._queue(name, department, deserved, limit, weight, pool, strict_fifo, **host)
 
     def _queue(
-        self, name: str, parent: str | None, deserved: float, limit: float | None, weight: int, pool: str, fifo: bool,
+        self,
+        name: str,
+        parent: str | None,
+        deserved: float,
+        limit: float | None,
+        weight: int,
+        pool: str,
+        fifo: bool,
         **host: int,
     ) -> Cluster:
         pools = [pool] if pool else sorted({n.pool for n in self.nodes}) or ["default"]
@@ -77,21 +98,43 @@ class Cluster:
     # -- work ----------------------------------------------------------------------------------------
 
     def submit(
-        self, wid: str, project: str, gpus: int = 0, gpu: float = 0.0, gpu_memory_gib: float = 0, workers: int = 1,
-        priority: str = "training", preemptible: bool | None = None, min_runtime: float = 0.0,
-        pools: Iterable[str] = (), models: Iterable[str] = (), cpus: float = 0, memory_gib: float = 0,
+        self,
+        wid: str,
+        project: str,
+        gpus: int = 0,
+        gpu: float = 0.0,
+        gpu_memory_gib: float = 0,
+        workers: int = 1,
+        priority: str = "training",
+        preemptible: bool | None = None,
+        min_runtime: float = 0.0,
+        pools: Iterable[str] = (),
+        models: Iterable[str] = (),
+        cpus: float = 0,
+        memory_gib: float = 0,
     ) -> Cluster:
         cls = class_named(priority)
         req = Request(
-            gpus=gpus, gpu_milli=milli(gpu) or 0, gpu_memory_mib=round(gpu_memory_gib * 1024),
-            cpu_milli=round(cpus * 1000), memory_mib=round(memory_gib * 1024),
+            gpus=gpus,
+            gpu_milli=milli(gpu) or 0,
+            gpu_memory_mib=round(gpu_memory_gib * 1024),
+            cpu_milli=round(cpus * 1000),
+            memory_mib=round(memory_gib * 1024),
         )
         self.now += 1
         self.workloads.append(
             Workload(
-                wid, project, req, priority=cls.value, priority_class=cls.name,
-                preemptible=cls.preemptible if preemptible is None else preemptible, min_runtime_s=min_runtime,
-                gang_size=workers, pools=tuple(pools), gpu_models=tuple(models), submit_time=self.now,
+                wid,
+                project,
+                req,
+                priority=cls.value,
+                priority_class=cls.name,
+                preemptible=cls.preemptible if preemptible is None else preemptible,
+                min_runtime_s=min_runtime,
+                gang_size=workers,
+                pools=tuple(pools),
+                gpu_models=tuple(models),
+                submit_time=self.now,
             )
         )
         return self
@@ -113,7 +156,10 @@ class Cluster:
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
-            tuple(self.nodes), tuple(self.queues.values()), tuple(self.workloads), now=self.now,
+            tuple(self.nodes),
+            tuple(self.queues.values()),
+            tuple(self.workloads),
+            now=self.now,
             pool_settings=dict(self.pool_settings),
         )
 
@@ -181,7 +227,10 @@ class Run:
 
     def used_gpus(self, project: str) -> float:
         total = sum(
-            s.milli for w in self.snapshot.workloads if w.project == project and w.state is State.RUNNING
-            for p in w.placements for s in p.devices
+            s.milli
+            for w in self.snapshot.workloads
+            if w.project == project and w.state is State.RUNNING
+            for p in w.placements
+            for s in p.devices
         )
         return total / MILLI

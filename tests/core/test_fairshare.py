@@ -31,8 +31,11 @@ def test_demand_and_limit_cap_the_share_and_the_rest_flows_on() -> None:
 
 def test_children_share_what_their_parent_gets() -> None:
     t = tree(
-        q("d1", deserved=4000), q("d2", deserved=4000),
-        q("p1", "d1", deserved=2000), q("p2", "d1", deserved=2000, weight=3), q("p3", "d2", deserved=4000),
+        q("d1", deserved=4000),
+        q("d2", deserved=4000),
+        q("p1", "d1", deserved=2000),
+        q("p2", "d1", deserved=2000, weight=3),
+        q("p3", "d2", deserved=4000),
     )
     demand = capped_demand(t, "p", [0, 0, 10_000, 10_000, 1000])
     shares = fair_shares(t, "p", 8000, demand)

@@ -87,7 +87,9 @@ def test_a_share_does_not_take_the_last_cpus_beside_gpus_others_could_use() -> N
     c.submit("first", "a", gpu=0.47, cpus=4)
     first = c.workloads[-1]
     c.workloads[-1] = dataclasses.replace(
-        first, state=State.RUNNING, start_time=c.now,
+        first,
+        state=State.RUNNING,
+        start_time=c.now,
         placements=(Placement(0, "p-0", (DeviceShare(0, 470, 470 * 80 * 1024 // MILLI),)),),
     )
     config = SchedulerConfig(typical_mix=mix((0.47, 10), (1, 10), cpus=4))

@@ -4,11 +4,7 @@ from tests.core.builders import Cluster, Run
 
 
 def cluster() -> Cluster:
-    return (
-        Cluster()
-        .pool("h100", nodes=1, gpus=4, model="H100")
-        .pool("a100", nodes=1, gpus=4, model="A100")
-    )
+    return Cluster().pool("h100", nodes=1, gpus=4, model="H100").pool("a100", nodes=1, gpus=4, model="A100")
 
 
 def test_workload_lands_only_in_an_allowed_pool() -> None:

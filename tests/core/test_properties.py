@@ -82,9 +82,7 @@ def nodes_st(draw: st.DrawFn, pools: tuple[str, ...]) -> tuple[Node, ...]:
             )
         schedulable = draw(st.sampled_from((True,) * 9 + (False,)))
         nodes.append(
-            Node(
-                f"n{i}", pool, draw(st.integers(4, 64)) * 1000, draw(st.integers(16, 512)) * GIB, devices, schedulable
-            )
+            Node(f"n{i}", pool, draw(st.integers(4, 64)) * 1000, draw(st.integers(16, 512)) * GIB, devices, schedulable)
         )
     return tuple(nodes)
 
@@ -145,8 +143,16 @@ def workload_st(draw: st.DrawFn, projects: tuple[str, ...], pools: tuple[str, ..
     if draw(st.integers(0, 3)) == 0:
         models = draw(st.sampled_from(((MODELS[0],), (MODELS[1],), MODELS)))
     return Workload(
-        "", draw(st.sampled_from(projects)), draw(request_st()), priority=priority, priority_class=cls.name,
-        preemptible=preemptible, min_runtime_s=min_runtime, gang_size=gang, pools=want_pools, gpu_models=models,
+        "",
+        draw(st.sampled_from(projects)),
+        draw(request_st()),
+        priority=priority,
+        priority_class=cls.name,
+        preemptible=preemptible,
+        min_runtime_s=min_runtime,
+        gang_size=gang,
+        pools=want_pools,
+        gpu_models=models,
     )
 
 
@@ -221,7 +227,9 @@ def mix(items: tuple[T, ...], rng: random.Random) -> tuple[T, ...]:
 
 def shuffled(snapshot: Snapshot, rng: random.Random) -> Snapshot:
     return dataclasses.replace(
-        snapshot, nodes=mix(snapshot.nodes, rng), queues=mix(snapshot.queues, rng),
+        snapshot,
+        nodes=mix(snapshot.nodes, rng),
+        queues=mix(snapshot.queues, rng),
         workloads=mix(snapshot.workloads, rng),
     )
 

@@ -18,8 +18,10 @@ def borrowing_cluster() -> tuple[Cluster, Run]:
 def two_departments(c: Cluster) -> Cluster:
     """d1 (projects a and b, 2 GPUs deserved each) and d2 (project c, 4 GPUs deserved)."""
     c.department("d1", deserved=4).department("d2", deserved=4)
-    return c.project("a", department="d1", deserved=2).project("b", department="d1", deserved=2).project(
-        "c", department="d2", deserved=4
+    return (
+        c.project("a", department="d1", deserved=2)
+        .project("b", department="d1", deserved=2)
+        .project("c", department="d2", deserved=4)
     )
 
 

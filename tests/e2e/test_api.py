@@ -7,8 +7,8 @@ import subprocess
 import httpx
 import pytest
 
-from gpupool.api.schemas import WorkloadCreate
 from gpupool.client import ApiError
+from gpupool.models.schemas import WorkloadCreate
 from tests.e2e.conftest import GPUPOOL, Server, wait_for
 
 

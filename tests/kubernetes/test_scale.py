@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from gpupool.api.schemas import DepartmentCreate, ProjectCreate, WorkloadCreate
+from gpupool.models.schemas import DepartmentCreate, ProjectCreate, WorkloadCreate
 from kubernetes import client
 from tests.e2e.conftest import Server, wait_for
 from tests.kubernetes.cluster import Cluster

@@ -56,7 +56,10 @@ def test_only_gpupool_shares_gpus_and_reclaims_idle_notebooks(runs: dict[str, Or
     assert metrics(runs["gpupool"])["notebook_suspensions"] > 0
     assert metrics(runs["quota"])["notebook_suspensions"] == 0
     fractional = {
-        d.milli for r in runs["gpupool"].records.values() if r.job.kind == "notebook" for p in r.placements
+        d.milli
+        for r in runs["gpupool"].records.values()
+        if r.job.kind == "notebook"
+        for p in r.placements
         for d in p.devices
     }
     assert all(m < MILLI for m in fractional)
@@ -72,8 +75,16 @@ def test_cli_writes_every_regime(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     for regime in ("manual", "quota", "gpupool"):
         m = summary["regimes"][regime]
-        for key in ("gpu_allocation_pct_while_waiting", "busy_share_of_allocated_pct", "wait_p50_s", "wait_p95_s",
-                    "mean_jct_s", "preemptions_per_100_jobs", "per_class", "per_project"):
+        for key in (
+            "gpu_allocation_pct_while_waiting",
+            "busy_share_of_allocated_pct",
+            "wait_p50_s",
+            "wait_p95_s",
+            "mean_jct_s",
+            "preemptions_per_100_jobs",
+            "per_class",
+            "per_project",
+        ):
             assert key in m
     assert (tmp_path / "utilisation.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -46,8 +46,22 @@ def test_cli_writes_summary_csv_and_plot(tmp_path: Path, small_trace: tuple[Path
     out = tmp_path / "out"
     result = CliRunner().invoke(
         app,
-        ["simulate", "packing", "--nodes", str(nodes), "--pods", str(pods), "--policy", "bestfit",
-         "--seeds", "42-43", "--jobs", "1", "--out", str(out)],
+        [
+            "simulate",
+            "packing",
+            "--nodes",
+            str(nodes),
+            "--pods",
+            str(pods),
+            "--policy",
+            "bestfit",
+            "--seeds",
+            "42-43",
+            "--jobs",
+            "1",
+            "--out",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
@@ -64,8 +78,22 @@ def test_cli_all_policies_adds_a_comparison(tmp_path: Path, small_trace: tuple[P
     out = tmp_path / "all"
     result = CliRunner().invoke(
         app,
-        ["simulate", "packing", "--nodes", str(nodes), "--pods", str(pods), "--policy", "all",
-         "--seeds", "42", "--jobs", "2", "--out", str(out)],
+        [
+            "simulate",
+            "packing",
+            "--nodes",
+            str(nodes),
+            "--pods",
+            str(pods),
+            "--policy",
+            "all",
+            "--seeds",
+            "42",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     table = (out / "comparison.md").read_text()

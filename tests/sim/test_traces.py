@@ -23,7 +23,6 @@ def test_default_pod_list_shapes(alibaba: Path) -> None:
     assert fractional.request().gpu_milli == fractional.gpu_milli
 
 
-
 def test_gpu_spec_constrains_the_models(tmp_path: Path) -> None:
     f = tmp_path / "spec.csv"
     f.write_text(

@@ -118,8 +118,10 @@ class Backend(Protocol):
     def stop(self, alloc_id: str, force: bool) -> None:
         """Ask it to stop (SIGTERM to the whole member), or force it (SIGKILL). The caller keeps the grace clock."""
 
-    def observe(self) -> dict[str, Observed]:
-        """What runs, and what ended with which exit code, for every launch the backend knows."""
+    def observe(self) -> dict[str, Observed] | None:
+        """What runs, and what ended with which exit code, for every launch the backend knows. None while the
+        backend's view is not synced (before its first list) or stale: then nothing may be concluded from a
+        launch's absence, and the caller leaves every member as it was."""
 
     def forget(self, alloc_id: str) -> None:
         """Drop the record of an ended launch."""

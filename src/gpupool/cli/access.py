@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from gpupool.api.access import ProjectSettings, TokenCreate
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table, save_config
 from gpupool.cli.policy import _when
+from gpupool.models.access import ProjectSettings, TokenCreate
 
 token_app = typer.Typer(help="Your tokens, your projects' service tokens and API keys.", no_args_is_help=True)
 member_app = typer.Typer(help="Who is in a project (member, viewer) or runs a department (admin).",

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from gpupool.api.schemas import DepartmentCreate, LoginResponse, ProjectCreate, QueuePublic, QuotaUpdate, UserCreate
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table, save_config
 from gpupool.client import ApiError, Client
+from gpupool.models.schemas import DepartmentCreate, LoginResponse, ProjectCreate, QueuePublic, QuotaUpdate, UserCreate
 
 department_app = typer.Typer(help="Departments: groups of projects with a quota of their own.", no_args_is_help=True)
 project_app = typer.Typer(help="Projects: where workloads live, each with a quota.", no_args_is_help=True)
@@ -190,9 +190,7 @@ def user_password(
             "--password", prompt=True, hide_input=True, confirmation_prompt=True, help="At least 8 characters."
         ),
     ],
-    current: Annotated[
-        str | None, typer.Option("--current", help="Your current password, to change your own.")
-    ] = None,
+    current: Annotated[str | None, typer.Option("--current", help="Your current password, to change your own.")] = None,
 ) -> None:
     """Set a user's password for the portal: your own (with --current, where you have one; your other sessions
     end), or anyone's as an admin."""

@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from gpupool.api.schemas import PolicyPublic, PolicyUpdate
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
+from gpupool.models.schemas import PolicyPublic, PolicyUpdate
 
 report_app = typer.Typer(help="Usage and cost reports.", no_args_is_help=True)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from gpupool.api.schemas import PoolPublic, PoolUpdate
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
+from gpupool.models.schemas import PoolPublic, PoolUpdate
 
 pool_app = typer.Typer(
     help="Pools: node groups, and whether their devices are shared across projects.", no_args_is_help=True

@@ -11,9 +11,9 @@ import typer
 import yaml
 from pydantic import ValidationError
 
-from gpupool.api.schemas import WorkloadCreate, WorkloadDetail
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table
 from gpupool.client import Client
+from gpupool.models.schemas import WorkloadCreate, WorkloadDetail
 
 ProjectOpt = Annotated[str | None, typer.Option("-p", "--project", help="The project (default: your only one).")]
 TERMINAL = ("succeeded", "failed", "cancelled")

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from gpupool.api.access import (
+from gpupool.models.access import (
     AuditPublic,
     MemberPublic,
     MemberSet,
@@ -18,7 +18,7 @@ from gpupool.api.access import (
     TokenCreated,
     TokenPublic,
 )
-from gpupool.api.schemas import (
+from gpupool.models.schemas import (
     DepartmentCreate,
     DevicePending,
     DeviceStart,

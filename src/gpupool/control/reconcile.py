@@ -21,12 +21,15 @@ def current(row: WorkloadRow) -> list[AllocationRow]:
 
 
 def reconcile(
-    rows: Sequence[WorkloadRow], observed: dict[str, Observed], now: float
+    rows: Sequence[WorkloadRow], observed: dict[str, Observed] | None, now: float
 ) -> tuple[list[EventRow], list[str]]:
     """Returns the events, and the launches that ended: the caller tells the backend to forget them once this
-    is committed, so a crash in between never loses how a member ended."""
+    is committed, so a crash in between never loses how a member ended. An unsynced view (None) is "unknown":
+    no member is concluded gone from it."""
     events: list[EventRow] = []
     ended_now: list[str] = []
+    if observed is None:
+        return events, ended_now
     for row in rows:
         if row.state not in ("starting", "running"):
             continue

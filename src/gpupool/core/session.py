@@ -59,9 +59,7 @@ class Session:
         return [ws for ws in self.state.workloads if ws.state is State.PENDING]
 
     def bound(self) -> tuple[Bind, ...]:
-        return tuple(
-            Bind(ws.w.id, ws.placements) for ws in self.state.workloads if ws.bound and not ws.pipelined
-        )
+        return tuple(Bind(ws.w.id, ws.placements) for ws in self.state.workloads if ws.bound and not ws.pipelined)
 
     def shares(self) -> tuple[QueueShare, ...]:
         tree, out = self.state.tree, []
@@ -70,7 +68,12 @@ class Session:
                 quota = queue.quota(pool)
                 out.append(
                     QueueShare(
-                        queue.name, pool, quota.deserved, self.fair[q][p], self.state.used[q][p], quota.limit,
+                        queue.name,
+                        pool,
+                        quota.deserved,
+                        self.fair[q][p],
+                        self.state.used[q][p],
+                        quota.limit,
                         self.demand[q][p],
                     )
                 )
@@ -85,9 +88,7 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None 
     pools = sorted({n.pool for n in nodes_sorted})
     pool_index = {p: i for i, p in enumerate(pools)}
     exclusive = [not snapshot.pool(p).share_across_projects for p in pools]
-    nodes = [
-        NodeState(n, i, pool_index[n.pool], exclusive[pool_index[n.pool]]) for i, n in enumerate(nodes_sorted)
-    ]
+    nodes = [NodeState(n, i, pool_index[n.pool], exclusive[pool_index[n.pool]]) for i, n in enumerate(nodes_sorted)]
     if len({n.name for n in nodes}) != len(nodes):
         raise ValueError("node names must be unique")
     workloads: list[WorkloadState] = []
@@ -107,9 +108,16 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None 
         raise ValueError("workload ids must be unique")
     n_q, n_p = len(tree.queues), len(pools)
     state = WorkingState(
-        tree=tree, pools=pools, nodes=nodes, node_by_name={n.name: n for n in nodes}, workloads=workloads,
-        now=snapshot.now, used=[[0] * n_p for _ in range(n_q)], np_used=[[0] * n_p for _ in range(n_q)],
-        host_used=[[[0, 0, 0, 0] for _ in range(n_p)] for _ in range(n_q)], exclusive=exclusive,
+        tree=tree,
+        pools=pools,
+        nodes=nodes,
+        node_by_name={n.name: n for n in nodes},
+        workloads=workloads,
+        now=snapshot.now,
+        used=[[0] * n_p for _ in range(n_q)],
+        np_used=[[0] * n_p for _ in range(n_q)],
+        host_used=[[[0, 0, 0, 0] for _ in range(n_p)] for _ in range(n_q)],
+        exclusive=exclusive,
     )
     for ws in workloads:
         if ws.state is not State.PENDING:

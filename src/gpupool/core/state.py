@@ -24,8 +24,18 @@ SEVERAL = -3
 
 class DeviceState:
     __slots__ = (
-        "exclusive", "holders", "index", "memory", "model", "rel", "rel_holders", "rel_mem", "rel_whole", "used",
-        "used_mem", "whole",
+        "exclusive",
+        "holders",
+        "index",
+        "memory",
+        "model",
+        "rel",
+        "rel_holders",
+        "rel_mem",
+        "rel_whole",
+        "used",
+        "used_mem",
+        "whole",
     )
 
     def __init__(self, index: int, model: str, memory: int, exclusive: bool = False) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.api.access import AuditPublic
+from gpupool.models.access import AuditPublic
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Forbidden
 from gpupool.store.tables import AuditRow, QueueRow
@@ -101,8 +101,17 @@ def list_records(
         query = query.where(AuditRow.department.in_(names))
     return [
         AuditPublic(
-            id=r.id, at=r.at, request_id=r.request_id, actor=r.actor, role=r.role, tenant=r.tenant,
-            department=r.department, object=r.obj, action=r.action, status=r.status, address=r.address,
+            id=r.id,
+            at=r.at,
+            request_id=r.request_id,
+            actor=r.actor,
+            role=r.role,
+            tenant=r.tenant,
+            department=r.department,
+            object=r.obj,
+            action=r.action,
+            status=r.status,
+            address=r.address,
         )
         for r in session.scalars(query)
     ]

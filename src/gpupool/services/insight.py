@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpupool.api.schemas import ShareLine, TimelinePoint
 from gpupool.core import Decision
+from gpupool.models.schemas import ShareLine, TimelinePoint
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid
 from gpupool.services.reports import check_instants

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.api.access import MemberPublic, ProjectSettings
-from gpupool.api.schemas import QueuePublic
+from gpupool.models.access import MemberPublic, ProjectSettings
+from gpupool.models.schemas import QueuePublic
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_public, visible_queue

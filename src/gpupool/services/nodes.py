@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.api.schemas import DeviceUsage, NodePublic
+from gpupool.models.schemas import DeviceUsage, NodePublic
 from gpupool.services.auth import Principal
 from gpupool.store.holdings import holdings
 from gpupool.store.tables import NodeRow

@@ -7,7 +7,8 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.api.schemas import (
+from gpupool.core import MILLI
+from gpupool.models.schemas import (
     DepartmentCreate,
     ProjectCreate,
     QueuePublic,
@@ -18,7 +19,6 @@ from gpupool.api.schemas import (
     UserCreated,
     UserPublic,
 )
-from gpupool.core import MILLI
 from gpupool.services import audit
 from gpupool.services.auth import Principal, hash_token, new_token
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound

@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.api.schemas import PolicyPublic, PolicyUpdate
 from gpupool.control.policies import chains, effective
+from gpupool.models.schemas import PolicyPublic, PolicyUpdate
 from gpupool.services import audit
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Forbidden, Invalid

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from gpupool.api.schemas import WorkloadCreate
 from gpupool.core import MILLI, Request
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass, class_named
+from gpupool.models.schemas import WorkloadCreate
 from gpupool.services.errors import Invalid
 from gpupool.store.tables import NodeRow, QueueRow
 

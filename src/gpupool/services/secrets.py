@@ -8,7 +8,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.api.access import SecretPublic
+from gpupool.models.access import SecretPublic
 from gpupool.services import audit
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Forbidden, Invalid, NotFound

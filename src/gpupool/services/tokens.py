@@ -9,7 +9,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.api.access import TokenCreate, TokenCreated, TokenPublic
+from gpupool.models.access import TokenCreate, TokenCreated, TokenPublic
 from gpupool.services.auth import RANK, Principal, hash_token, new_token
 from gpupool.services.errors import Forbidden, Invalid, NotFound
 from gpupool.store.tables import MembershipRow, QueueRow, TokenRow, UserRow, WorkloadRow

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpupool.api.schemas import AllocationPublic, DevicePublic, EventPublic, WorkloadDetail, WorkloadPublic
 from gpupool.control.policies import Policy
 from gpupool.core import MILLI
+from gpupool.models.schemas import AllocationPublic, DevicePublic, EventPublic, WorkloadDetail, WorkloadPublic
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
 
 

@@ -88,7 +88,10 @@ def run_seed(
     rng = random.Random(seed)
     sequence = arrivals(pods, _capacity(nodes), tune, rng)
     config = SchedulerConfig(
-        policy=policy, actions=("allocate",), typical_mix=typical_mix(pods), seed=seed,
+        policy=policy,
+        actions=("allocate",),
+        typical_mix=typical_mix(pods),
+        seed=seed,
         model_demand=model_demand((p.gpu_spec, p.gpu_request_milli) for p in pods),
     )
     memo = Memo()

@@ -16,7 +16,13 @@ from gpupool.core import MILLI, Device, Node, Request
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS_SHORT = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 POD_COLUMNS_LONG = (
-    *POD_COLUMNS_SHORT, "gpu_spec", "qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time"
+    *POD_COLUMNS_SHORT,
+    "gpu_spec",
+    "qos",
+    "pod_phase",
+    "creation_time",
+    "deletion_time",
+    "scheduled_time",
 )
 
 GPU_MEMORY_MIB = {"P100": 16384, "T4": 15360, "V100M16": 16384, "V100M32": 32768, "A10": 24576}
@@ -80,8 +86,14 @@ def load_pods(path: Path) -> tuple[Pod, ...]:
             raise TraceError(f"{path}:{line}: a pod of {num_gpu} GPUs must ask for whole GPUs")
         spec = tuple(m for m in (row.get("gpu_spec") or "").split("|") if m)
         pods.append(
-            Pod(row["name"].strip(), _int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"),
-                num_gpu, gpu_milli if num_gpu else 0, spec)
+            Pod(
+                row["name"].strip(),
+                _int(path, line, row, "cpu_milli"),
+                _int(path, line, row, "memory_mib"),
+                num_gpu,
+                gpu_milli if num_gpu else 0,
+                spec,
+            )
         )
     if not pods:
         raise TraceError(f"{path}: no pods")

@@ -6,7 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, status
 
-from gpupool.api.access import (
+from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
+from gpupool.api.errors import ERRORS
+from gpupool.models.access import (
     AuditPublic,
     MemberPublic,
     MemberSet,
@@ -17,9 +19,7 @@ from gpupool.api.access import (
     TokenCreated,
     TokenPublic,
 )
-from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
-from gpupool.api.errors import ERRORS
-from gpupool.api.schemas import INT32_MAX, UNIX_MAX, UNIX_MIN, Name, QueuePublic
+from gpupool.models.schemas import INT32_MAX, UNIX_MAX, UNIX_MIN, Name, QueuePublic
 from gpupool.services import audit, members, secrets, tokens
 
 router = APIRouter(tags=["access"], responses=ERRORS)

@@ -107,9 +107,7 @@ def _refusal(exc: ServiceError) -> Response:
     return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
 
 
-async def _target(
-    ctx: Context, who: Principal | None, project: str, name: str
-) -> tuple[apps.AppTarget, AppEndpoint]:
+async def _target(ctx: Context, who: Principal | None, project: str, name: str) -> tuple[apps.AppTarget, AppEndpoint]:
     def find() -> apps.AppTarget:
         with ctx.sessions() as s:
             return apps.resolve(s, who, project, name)

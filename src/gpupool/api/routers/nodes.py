@@ -4,7 +4,7 @@ from fastapi import APIRouter
 
 from gpupool.api.deps import CurrentUser, SessionDep
 from gpupool.api.errors import ERRORS
-from gpupool.api.schemas import NodePublic
+from gpupool.models.schemas import NodePublic
 from gpupool.services.nodes import list_nodes
 
 router = APIRouter(tags=["nodes"], responses=ERRORS)

@@ -4,7 +4,7 @@ from fastapi import APIRouter, Depends, status
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
-from gpupool.api.schemas import (
+from gpupool.models.schemas import (
     DepartmentCreate,
     PolicyPublic,
     PolicyUpdate,

@@ -10,7 +10,15 @@ from fastapi.responses import JSONResponse
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
-from gpupool.api.schemas import UNIX_MAX, UNIX_MIN, LoginRequest, LoginResponse, PasswordSet, ShareLine, TimelinePoint
+from gpupool.models.schemas import (
+    UNIX_MAX,
+    UNIX_MIN,
+    LoginRequest,
+    LoginResponse,
+    PasswordSet,
+    ShareLine,
+    TimelinePoint,
+)
 from gpupool.services import audit, insight, sessions
 from gpupool.services.apps import SESSION_COOKIE
 
@@ -19,9 +27,7 @@ UnixQ = Annotated[float | None, Query(description="Unix seconds", ge=UNIX_MIN, l
 
 
 @router.post("/login", response_model=LoginResponse, dependencies=[Depends(no_store)])
-def login(
-    body: LoginRequest, session: SessionDep, ctx: ContextDep, request: Request, response: Response
-) -> Response:
+def login(body: LoginRequest, session: SessionDep, ctx: ContextDep, request: Request, response: Response) -> Response:
     """Trade a name and password for a session token (12 hours). The one call that needs no token. The same
     session also goes into an HttpOnly cookie that only /apps/ reads, so the browser can open notebooks."""
     audit.note(actor=body.name)

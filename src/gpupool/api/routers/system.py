@@ -10,7 +10,7 @@ from gpupool import __version__
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, bearer, get_principal, plausible_token
 from gpupool.api.errors import ERRORS
 from gpupool.api.metrics import render
-from gpupool.api.schemas import Health, WhoAmI
+from gpupool.models.schemas import Health, WhoAmI
 from gpupool.services import tokens
 from gpupool.services.auth import Principal
 from gpupool.store.tables import QueueRow

@@ -7,7 +7,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
-from gpupool.api.schemas import (
+from gpupool.models.schemas import (
     INT64_MAX,
     UNIX_MAX,
     UNIX_MIN,

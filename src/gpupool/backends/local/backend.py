@@ -40,7 +40,7 @@ from gpupool.core import Node
 # it outlives the grace period and records how the member really ended. It runs as the server's user, outside
 # the sandbox, which is what lets it write the exit file where the member cannot.
 _WRAPPER = (
-    'trap : TERM INT; f=$1; n=$2; shift 2; rc=0; '
+    "trap : TERM INT; f=$1; n=$2; shift 2; rc=0; "
     'while [ "$n" -gt 0 ]; do echo $$ > "$1" || rc=125; shift; n=$((n-1)); done; '
     '[ $rc -eq 0 ] && { "$@"; rc=$?; }; '
     'printf "%s" "$rc" > "$f.tmp" && mv "$f.tmp" "$f"; exit $rc'

@@ -191,8 +191,23 @@ class Sandbox:
             return argv, ()
         uid = str(self.uid(member.project_id))
         passwd, group = self._identity_files(member)
-        box = [*self.systemd_prefix(member), "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc",
-               "--unshare-uts", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
+        box = [
+            *self.systemd_prefix(member),
+            "bwrap",
+            "--die-with-parent",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/run",
+        ]
         for scratch in ("/tmp", "/var/tmp", "/dev/shm"):  # private, and writable as a /tmp should be
             box += ["--perms", "1777", "--tmpfs", scratch]  # fmt: skip
         for hidden in self._hidden():
@@ -217,7 +232,7 @@ class Sandbox:
             # The service listens on its port inside its own network; only the app socket leads there.
             bridge = (
                 f"socat UNIX-LISTEN:{APP_DIR_INSIDE}/{APP_SOCKET},fork,mode=600,unlink-early "
-                f"TCP:127.0.0.1:{member.port} & exec \"$@\""
+                f'TCP:127.0.0.1:{member.port} & exec "$@"'
             )
             inner = ("/bin/sh", "-c", bridge, "gpupool-app", *argv)
         return (*box, *drop, *inner), self._cgroup(member)

@@ -49,9 +49,7 @@ def try_allocate(
         return False
     nominal = w.request.nominal_milli() * w.gang_size
     cpu, memory = w.request.cpu_milli * w.gang_size, w.request.memory_mib * w.gang_size
-    verdicts = [
-        quota.check(state, ws.queue, p, nominal, w.preemptible, cpu, memory) for p in range(len(state.pools))
-    ]
+    verdicts = [quota.check(state, ws.queue, p, nominal, w.preemptible, cpu, memory) for p in range(len(state.pools))]
     candidate_pools = placer.candidate_pools(ws)
     if all(verdicts[p] is not None for p in candidate_pools):
         first = verdicts[min(candidate_pools, key=lambda p: _preference(ws, state.pools[p]))]

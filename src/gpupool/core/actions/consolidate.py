@@ -40,11 +40,7 @@ def _try(session: Session, ws: WorkloadState) -> int:
             if not node.schedulable:
                 continue
             movable = sorted(
-                (
-                    state.workloads[i]
-                    for i in node.residents
-                    if _movable(state.workloads[i], state.now)
-                ),
+                (state.workloads[i] for i in node.residents if _movable(state.workloads[i], state.now)),
                 key=victim_key,
             )
             if not movable:

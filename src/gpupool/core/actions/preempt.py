@@ -52,9 +52,7 @@ def _rules(session: Session, ws: WorkloadState) -> tuple[Callable[[WorkloadState
     before = list(state.used[leaf])
 
     def eligible(v: WorkloadState) -> bool:
-        return (
-            v.queue == leaf and v.w.preemptible and v.w.priority < ws.w.priority and past_min_runtime(v, state.now)
-        )
+        return v.queue == leaf and v.w.preemptible and v.w.priority < ws.w.priority and past_min_runtime(v, state.now)
 
     def valid() -> bool:
         p = ws.pool_idx

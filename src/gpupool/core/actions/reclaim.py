@@ -159,7 +159,8 @@ def _rules(
     room = {(q, p): state.used[q][p] + nominal <= session.fair[q][p] for q in chain[1:] for p in by_quota}
     quota_room = {
         (q, p): _guaranteed(session, q, p, cap=False) + nominal <= session.deserved[q][p]
-        for q in chain[1:] for p in by_quota
+        for q in chain[1:]
+        for p in by_quota
     }
 
     def quota_reclaim(queue: int, p: int) -> bool:
@@ -190,7 +191,8 @@ def _rules(
         return spare
 
     victim_queues = [
-        q for q in range(len(tree.queues))
+        q
+        for q in range(len(tree.queues))
         if q != ws.queue and not tree.children[q] and any(headroom(q, p) > 0 for p in by_quota)
     ]
 

@@ -118,9 +118,7 @@ class FgdPolicy(Policy):
             return before, out
         return before, [((), (free, cpu_after, mem_after, mem_dev))]
 
-    def _compute(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
-    ) -> _Found:
+    def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int) -> _Found:
         best: _Found = (None, 0.0)
         before, options = self._options(node, req, pipelined, models, project)
         fragment = self.fragment(*before)
@@ -170,9 +168,7 @@ class GpupoolPolicy(FgdPolicy):
     def _scores_depend_on(self, ctx: PolicyContext) -> tuple[object, ...]:
         return (ctx.mix, tuple(sorted(ctx.model_pressure.items())))
 
-    def _compute(
-        self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
-    ) -> _Found:
+    def _compute(self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int) -> _Found:
         if not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
             shares, value = super()._compute(node, req, pipelined, models, project)
             if shares is not None:

@@ -52,9 +52,17 @@ class NodeIndex:
             self.mem_later[i] = node.memory - node.used_memory
             self.mem_now[i] = node.memory - node.used_memory - node.rel_memory
             key = (
-                node.pool, node.cpu, node.memory, node.used_cpu, node.used_memory, node.rel_cpu, node.rel_memory,
-                tuple((d.index, d.model, d.memory, d.used, d.used_mem, d.whole, d.rel, d.rel_mem, d.rel_whole)
-                      for d in node.devices),
+                node.pool,
+                node.cpu,
+                node.memory,
+                node.used_cpu,
+                node.used_memory,
+                node.rel_cpu,
+                node.rel_memory,
+                tuple(
+                    (d.index, d.model, d.memory, d.used, d.used_mem, d.whole, d.rel, d.rel_mem, d.rel_whole)
+                    for d in node.devices
+                ),
             )
             if node.exclusive:
                 self.sole_now[i], self.sole_later[i] = node.sole(False), node.sole(True)

@@ -109,9 +109,7 @@ class Placer:
                 return placements
         return None
 
-    def fitting(
-        self, rows: IntArray, req: Request, pipelined: bool, distinct: bool, project: int
-    ) -> list[NodeState]:
+    def fitting(self, rows: IntArray, req: Request, pipelined: bool, distinct: bool, project: int) -> list[NodeState]:
         """Nodes among `rows` with room for one member of `project`; one per group (`NodeIndex.groups`) if
         `distinct` and the policy allows."""
         fit = self.index.fitting(rows, req, pipelined)

@@ -129,8 +129,11 @@ def evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: s
         if chosen is None:
             continue
         key = (
-            max(v.w.priority for v in chosen), len(chosen), sum(v.milli for v in chosen),
-            node.idx not in used_nodes, node.idx,
+            max(v.w.priority for v in chosen),
+            len(chosen),
+            sum(v.milli for v in chosen),
+            node.idx not in used_nodes,
+            node.idx,
         )
         options.append((key, node, chosen))
         if len(options) >= session.config.victim_search_nodes:

@@ -60,9 +60,7 @@ def upgrade() -> None:
     with op.batch_alter_table("memberships") as b:
         b.add_column(sa.Column("role", sa.String(length=16), nullable=False, server_default="member"))
     conn.execute(
-        sa.text(
-            "UPDATE memberships SET role = 'viewer' WHERE user_id IN (SELECT id FROM users WHERE role = 'viewer')"
-        )
+        sa.text("UPDATE memberships SET role = 'viewer' WHERE user_id IN (SELECT id FROM users WHERE role = 'viewer')")
     )
     with op.batch_alter_table("queues") as b:
         b.add_column(sa.Column("production_allowed", sa.Boolean(), nullable=False, server_default=sa.false()))
