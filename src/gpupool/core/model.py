@@ -178,6 +178,14 @@ class Workload:
     start_time: float | None = None
     nominated_nodes: tuple[str, ...] = ()
     """Where the last cycle said it would start once evictions finish: it gets first claim there."""
+    checkpoint_time: float | None = None
+    """When it last saved a checkpoint: work before it is not lost by an eviction. None: never (or unknown)."""
+    label: str = ""
+    """How messages name it to people (the product passes its name); empty: its id, as the simulator does."""
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.id
 
     def __post_init__(self) -> None:
         if self.gang_size < 1:

@@ -32,7 +32,7 @@ def allocate(session: Session) -> None:
         session.pending[idx] = Pending(
             ws.w.id,
             PendingCode.QUEUED_BEHIND,
-            f"project {ws.w.project} is strict FIFO and its head {head.w.id} is waiting",
+            f"project {ws.w.project} is strict FIFO and its head {head.w.shown} is waiting",
         )
 
 

@@ -73,7 +73,7 @@ def _move_off(session: Session, node: NodeState, movable: list[WorkloadState], w
     state, policy = session.state, session.placer.policy
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     evicted: list[WorkloadState] = []
-    message = f"moved to make room for {ws.w.id}; it restarts on another node"
+    message = f"moved to make room for {ws.w.shown}; it restarts on another node"
     for v in movable:
         state.evict(v, Eviction(v.w.id, EvictReason.CONSOLIDATE, message, preemptor=ws.w.id))
         evicted.append(v)

@@ -33,7 +33,7 @@ def preempt(session: Session) -> None:
             continue
         attempts += 1
         eligible, valid = _rules(session, ws)
-        message = f"preempted by {ws.w.id}, a higher-priority workload of project {ws.w.project}"
+        message = f"preempted by {ws.w.shown}, a higher-priority workload of project {ws.w.project}"
         evicted = place_with_evictions(session, ws, [ws.queue], eligible, valid, EvictReason.PREEMPT, message)
         if evicted is None:
             failed.add(key)
