@@ -11,6 +11,8 @@ from sqlalchemy.orm import Session
 from gpupool.backends.base import MemberSample, Sample
 from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.usage import account
+from gpupool.lifecycle.events import EventCode, render
+from gpupool.lifecycle.phases import AllocPhase, Phase, StopReason
 from gpupool.services.auth import Principal
 from gpupool.services.reports import usage
 from gpupool.store.engine import make_engine, migrate, session_factory
@@ -46,7 +48,7 @@ def _org(s: Session) -> dict[str, QueueRow]:
 def _running(s: Session, name: str, project: QueueRow, owner: int, milli: int, kind: str = "training") -> WorkloadRow:
     row = WorkloadRow(
         name=name, project_id=project.id, owner_id=owner, type=kind, priority_class="training", priority=100,
-        preemptible=True, grace_s=30, state="running", created_at=T0, queued_at=T0, started_at=T0, allocations=[],
+        preemptible=True, grace_s=30, state=Phase.RUNNING, created_at=T0, queued_at=T0, started_at=T0, allocations=[],
     )  # fmt: skip
     s.add(row)
     s.flush()
@@ -57,7 +59,7 @@ def _running(s: Session, name: str, project: QueueRow, owner: int, milli: int, k
             attempt=0,
             member=0,
             node="n1",
-            state="ready",
+            state=AllocPhase.READY,
             created_at=T0,
             devices=[{"index": 0, "milli": milli, "memory_mib": 0}],
         )
@@ -115,8 +117,15 @@ def test_policies_inherit_and_stop_idle_or_overlong_work(session: Session) -> No
     run = _running(session, "long", org["vision"], owner=1, milli=1000)
     other = _running(session, "nb2", org["nlp"], owner=2, milli=250, kind="notebook")
     other.idle_since = T0
+    names = {r.id: r.name for r in (nb, run, other)}
     stopped = enforce([nb, run, other], pols, T0 + 400)
-    assert [(r.name, why) for r, why in stopped] == [("nb", "idle for 6m40s (limit 5m)")]
+    assert [(names[e.workload_id], e.code, e.reason_code, e.args) for e in stopped] == [
+        ("nb", EventCode.STOP_REQUESTED, StopReason.IDLE, {"idle_s": 400.0, "limit_s": 300.0})
+    ]
+    assert render(stopped[0].code, stopped[0].reason_code, stopped[0].args) == "idle for 6m40s (limit 5m); stopping"
     stopped = enforce([run, other], pols, T0 + 3600)
-    assert [(r.name, r.stop_reason) for r, _ in stopped] == [("long", "max-runtime"), ("nb2", "idle")]
+    assert [(names[e.workload_id], e.reason_code) for e in stopped] == [
+        ("long", StopReason.MAX_RUNTIME),
+        ("nb2", StopReason.IDLE),
+    ]
     assert isinstance(pols[org["vision"].id], Policy)

@@ -14,6 +14,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpupool.control.controller import Controller
+from gpupool.lifecycle.events import EventCode
+from gpupool.lifecycle.phases import EVICTIONS, QUEUED
 from gpupool.store.holdings import by_device, by_project, holdings
 from gpupool.store.tables import EventRow, NodeRow, QueueRow, UsageRow, WorkloadRow
 
@@ -58,7 +60,7 @@ def render(
     now = time.time()
     waiting = session.execute(
         select(WorkloadRow.project_id, func.count(), func.min(WorkloadRow.queued_at))
-        .where(WorkloadRow.state.in_(("pending", "preempted", "suspended")), WorkloadRow.hold.is_(False))
+        .where(WorkloadRow.state.in_(sorted(QUEUED)), WorkloadRow.hold.is_(False))
         .group_by(WorkloadRow.project_id)
     )
     for project_id, count, oldest in waiting:
@@ -70,14 +72,17 @@ def render(
         select(WorkloadRow.state, func.count()).where(WorkloadRow.project_id.in_(mine)).group_by(WorkloadRow.state)
     ):
         g.states.labels(state).set(count)
-    for reason in ("reclaim", "preempt", "consolidate", "gang-broken", "idle", "max-runtime"):
-        n = session.scalar(
-            select(func.count())
-            .select_from(EventRow)
-            .join(WorkloadRow, EventRow.workload_id == WorkloadRow.id)
-            .where(EventRow.reason.like(f"{reason}:%"), WorkloadRow.project_id.in_(mine))
-        )
-        g.evictions.labels(reason).inc(n or 0)
+    stops: dict[str, int] = {r.value: 0 for r in sorted(EVICTIONS)}
+    for code, count in session.execute(
+        select(EventRow.reason_code, func.count())
+        .join(WorkloadRow, EventRow.workload_id == WorkloadRow.id)
+        .where(EventRow.code == EventCode.STOP_REQUESTED, EventRow.reason_code.in_(sorted(EVICTIONS)))
+        .where(WorkloadRow.project_id.in_(mine))
+        .group_by(EventRow.reason_code)
+    ):
+        stops[str(code)] = int(count)
+    for code, count in stops.items():
+        g.evictions.labels(code).inc(count)
     usage = session.execute(
         select(WorkloadRow.project_id, func.sum(UsageRow.milli_seconds), func.sum(UsageRow.busy_milli_seconds))
         .join(WorkloadRow, UsageRow.workload_id == WorkloadRow.id)

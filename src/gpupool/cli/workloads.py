@@ -13,10 +13,10 @@ from pydantic import ValidationError
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table
 from gpupool.client import Client
+from gpupool.lifecycle.phases import TERMINAL, Phase
 from gpupool.models.schemas import WorkloadCreate, WorkloadDetail
 
 ProjectOpt = Annotated[str | None, typer.Option("-p", "--project", help="The project (default: your only one).")]
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def _project(c: Client, project: str | None) -> str:
@@ -161,7 +161,7 @@ def _describe_text(d: WorkloadDetail) -> None:
     if d.max_runtime_s is not None:
         limits.append(f"runs at most {d.max_runtime_s:g}s")
     if limits:
-        idle = f"; idle for {time.time() - d.idle_since:.0f}s now" if d.idle_since and d.state == "running" else ""
+        idle = f"; idle for {time.time() - d.idle_since:.0f}s now" if d.idle_since and d.state == Phase.RUNNING else ""
         print(f"Policy:      {', '.join(limits)}{idle}")
     if d.command:
         print(f"Command:     {' '.join(d.command)}")

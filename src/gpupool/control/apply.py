@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
 
 from gpupool.backends.base import Backend, DeviceGrant, LaunchSpec
-from gpupool.control.reconcile import current, record
 from gpupool.core import Decision
+from gpupool.lifecycle import transitions as lifecycle
+from gpupool.lifecycle.phases import LIVE, QUEUED, AllocPhase, PendingReason, Phase, StopReason
+from gpupool.lifecycle.transitions import current
 from gpupool.store.snapshot import row_id
 from gpupool.store.tables import AllocationRow, EventRow, NodeRow, WorkloadRow
 
@@ -23,19 +24,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-_CORE_ID = re.compile(r"\bw\d{10}\b")
-
-
-def _named(message: str, rows: dict[int, WorkloadRow]) -> str:
-    """The core speaks of workload ids; people read names."""
-
-    def name(m: re.Match[str]) -> str:
-        row = rows.get(row_id(m.group(0)))
-        return repr(row.name) if row is not None else m.group(0)
-
-    return _CORE_ID.sub(name, message)
 
 
 def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> list[EventRow]:
@@ -53,31 +41,25 @@ def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> lis
                     member=p.member,
                     node=p.node,
                     devices=[{"index": d.index, "milli": d.milli, "memory_mib": d.memory_mib} for d in p.devices],
-                    state="bound",
+                    state=AllocPhase.BOUND.value,
                     port=port,
                     master_port=master,
                     created_at=now,
                 )
             )
-        row.started_at, row.reason_code, row.nominated = now, None, []
-        nodes = ", ".join(sorted({p.node for p in bind.placements}))
-        events.append(record(row, "starting", f"placed on {nodes}", now))
+        events.append(lifecycle.placed(row, [p.node for p in bind.placements], now))
     for ev in decision.evictions:
-        row = rows[row_id(ev.workload)]
-        row.stop_reason = ev.reason.value
-        for a in current(row):
-            if a.state != "ended" and a.stop_at is None:
-                a.stop_at = now
-        events.append(record(row, row.state, f"{ev.reason.value}: {_named(ev.message, rows)}; stopping", now))
+        stopped = lifecycle.request_stop(rows[row_id(ev.workload)], StopReason(ev.reason.value), now, detail=ev.message)
+        if stopped is not None:
+            events.append(stopped)
     stopping = {ev.workload for ev in decision.evictions}
     for pend in decision.pending:
         row = rows[row_id(pend.workload)]
         nominated = sorted({x.node for x in pend.nominated})
-        message = _named(pend.message, rows)
         # A workload moved to make room is stopped and nominated elsewhere in one decision: its reason stays
         # the eviction's until it has stopped; the nomination is kept for its restart.
-        if pend.workload not in stopping and (row.reason_code != pend.code.value or row.reason != message):
-            row.reason_code, row.reason = pend.code.value, message
+        if pend.workload not in stopping and row.state in QUEUED:
+            lifecycle.waiting(row, PendingReason(pend.code.value), pend.message)
         if row.nominated != nominated:
             row.nominated = nominated
     return events
@@ -184,37 +166,36 @@ def act(
     pending: list[tuple[AllocationRow, LaunchSpec]] = []
     app_socket: Callable[[str], str] | None = getattr(backend, "app_socket", None)
     for row in rows:
-        if row.state not in ("starting", "running"):
+        if row.state not in LIVE:
             continue
         for alloc in current(row):
-            if alloc.state == "bound" and row.stop_reason is None:
+            if alloc.state == AllocPhase.BOUND and row.stop_reason is None:
                 env = secrets(row.project_id) if secrets is not None else None
                 level = (pod_security or {}).get(row.project_id, "restricted")
                 spec = launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node), app_socket, env, level)
                 pending.append((alloc, spec))
-            elif alloc.state == "bound":
-                alloc.state = "ended"  # stopped before it ever started
+            elif alloc.state == AllocPhase.BOUND:
+                lifecycle.move_alloc(alloc, AllocPhase.ENDED)  # stopped before it ever started
     for (alloc, spec), error in zip(pending, launcher(backend.launch, [s for _, s in pending]), strict=True):
         if error is None:
-            alloc.state = "launched"
+            lifecycle.move_alloc(alloc, AllocPhase.LAUNCHED)
         else:
             log.warning("launching %s failed; trying again next cycle: %s", spec.alloc_id, error)
             busy = True
     for row in rows:
-        if row.state not in ("starting", "running"):
+        if row.state not in LIVE:
             continue
         allocs = current(row)
         for alloc in allocs:
-            if alloc.stop_at is not None and alloc.state != "ended":
+            if alloc.stop_at is not None and alloc.state != AllocPhase.ENDED:
                 backend.stop(alloc.id, force=now - alloc.stop_at >= row.grace_s)
                 busy = True
-        if row.state == "starting" and row.stop_reason is None:
+        if row.state == Phase.STARTING and row.stop_reason is None:
+            if any(a.state == AllocPhase.BOUND for a in allocs):
+                busy = True  # a launch failed; it is tried again next cycle
+                continue
             if row.type in SERVES_PORT and not all(backend.healthy(a.id, a.port) for a in allocs):
                 busy = True
                 continue
-            for a in allocs:
-                a.state = "ready" if a.state == "launched" else a.state
-            events.append(
-                record(row, "running", "running" if row.type not in SERVES_PORT else "answering on its port", now)
-            )
+            events.append(lifecycle.started(row, row.type in SERVES_PORT, now))
     return events, busy

@@ -14,16 +14,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpupool.backends.base import Backend, LaunchSpec, Sample
 from gpupool.control.apply import act, persist, sequential
 from gpupool.control.policies import Policy, chains, effective, enforce
-from gpupool.control.reconcile import current, reconcile, record
+from gpupool.control.reconcile import reconcile
 from gpupool.control.usage import account
 from gpupool.core import Decision, SchedulerConfig, schedule
 from gpupool.core.placement.memo import Memo
+from gpupool.lifecycle.phases import ACTIVE
 from gpupool.store.secrets import project_environment as secret_environment
 from gpupool.store.snapshot import build_snapshot
 from gpupool.store.tables import NodeRow, QueueRow, WorkloadRow
 
 log = logging.getLogger("gpupool.control")
-ACTIVE = ("pending", "starting", "running", "preempted", "suspended")
 
 
 class Controller:
@@ -160,7 +160,7 @@ class Controller:
             # Nothing is written until the decision is made: the write lock (SQLite has one) is held only for
             # the commit, not while the scheduler thinks, so submits are never kept waiting by a cycle.
             with s.no_autoflush:
-                active = WorkloadRow.state.in_(ACTIVE) & WorkloadRow.hold.is_(False)
+                active = WorkloadRow.state.in_(sorted(ACTIVE)) & WorkloadRow.hold.is_(False)
                 rows = list(s.scalars(select(WorkloadRow).where(active).order_by(WorkloadRow.id)))
                 events_so_far, ended = reconcile(rows, observed, now)
                 s.add_all(events_so_far)
@@ -169,11 +169,7 @@ class Controller:
                 nodes = {n.name: n for n in s.scalars(select(NodeRow))}
                 policies = {qid: effective(chain) for qid, chain in chains(queues).items()}
                 self._sample(s, rows, policies, nodes, now)
-                for row, why in enforce(rows, policies, now):
-                    for a in current(row):
-                        if a.state != "ended" and a.stop_at is None:
-                            a.stop_at = now
-                    s.add(record(row, row.state, f"{why}; stopping", now))
+                s.add_all(enforce(rows, policies, now))
                 decision = schedule(build_snapshot(s, rows, now), self.config, memo=self._memo)
                 s.add_all(persist({r.id: r for r in rows}, decision, now))
             s.commit()  # persist first: a crash from here on relaunches by allocation id, never twice

@@ -6,7 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool.store.tables import QueueRow, WorkloadRow
+from gpupool.lifecycle.phases import Phase, StopReason
+from gpupool.lifecycle.transitions import request_stop
+from gpupool.store.tables import EventRow, QueueRow, WorkloadRow
 
 DEFAULT_IDLE_THRESHOLD_PCT = 5
 """Below this GPU utilisation (of its share) a workload counts as idle."""
@@ -51,31 +53,20 @@ def chains(queues: Sequence[QueueRow]) -> dict[int, list[QueueRow]]:
     return out
 
 
-def duration(seconds: float) -> str:
-    s = int(seconds)
-    if s >= 3600 and s % 3600 == 0:
-        return f"{s // 3600}h"
-    if s >= 60 and s % 60 == 0:
-        return f"{s // 60}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60}s"
-    return f"{s}s"
-
-
-def enforce(rows: Sequence[WorkloadRow], policies: Mapping[int, Policy], now: float) -> list[tuple[WorkloadRow, str]]:
-    """Workloads a policy stops now, with the reason. The caller asks their members to stop."""
+def enforce(rows: Sequence[WorkloadRow], policies: Mapping[int, Policy], now: float) -> list[EventRow]:
+    """Asks the members of every workload a policy stops now to stop; returns the events."""
     out = []
     for row in rows:
-        if row.state != "running" or row.stop_reason is not None:
+        if row.state != Phase.RUNNING or row.stop_reason is not None:
             continue
         pol = policies[row.project_id]
         idle_limit = pol.idle_timeout_s.get(row.type)
+        event = None
         if idle_limit is not None and row.idle_since is not None and now - row.idle_since >= idle_limit:
-            row.stop_reason, row.reason_code = "idle", "idle"
-            out.append((row, f"idle for {duration(now - row.idle_since)} (limit {duration(idle_limit)})"))
-            continue
+            event = request_stop(row, StopReason.IDLE, now, idle_s=now - row.idle_since, limit_s=idle_limit)
         run_limit = pol.max_runtime_s.get(row.type)
-        if run_limit is not None and row.started_at is not None and now - row.started_at >= run_limit:
-            row.stop_reason, row.reason_code = "max-runtime", "max-runtime"
-            out.append((row, f"ran for {duration(now - row.started_at)} (limit {duration(run_limit)})"))
+        if event is None and run_limit is not None and row.started_at is not None and now - row.started_at >= run_limit:
+            event = request_stop(row, StopReason.MAX_RUNTIME, now, ran_s=now - row.started_at, limit_s=run_limit)
+        if event is not None:
+            out.append(event)
     return out

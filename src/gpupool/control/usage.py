@@ -8,7 +8,8 @@ from sqlalchemy.orm import Session
 
 from gpupool.backends.base import Sample
 from gpupool.control.policies import Policy
-from gpupool.control.reconcile import current
+from gpupool.lifecycle.phases import LIVE, STARTED
+from gpupool.lifecycle.transitions import current
 from gpupool.store.tables import NodeRow, UsageRow, WorkloadRow
 
 
@@ -26,9 +27,9 @@ def account(
     dt = max(0.0, now - since)
     minute = int(now // 60)
     for row in rows:
-        if row.state not in ("starting", "running"):
+        if row.state not in LIVE:
             continue
-        allocs = [a for a in current(row) if a.state in ("launched", "ready")]
+        allocs = [a for a in current(row) if a.state in STARTED]
         milli = sum(int(d["milli"]) for a in allocs for d in a.devices)
         if not allocs or milli == 0:
             continue

@@ -6,9 +6,11 @@ The client and the CLI import these too, so this module depends on pydantic only
 from __future__ import annotations
 
 import re
-from typing import Annotated, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from gpupool.lifecycle.phases import AllocPhase, Phase
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _DNS = re.compile(DNS_LABEL)
@@ -27,7 +29,11 @@ Name = Annotated[str, AfterValidator(_dns_safe)]
 Role = Literal["admin", "member", "viewer"]
 CallerRole = Literal["admin", "department-admin", "member", "viewer"]
 WorkloadType = Literal["notebook", "training", "inference", "batch"]
-WorkloadState = Literal["pending", "starting", "running", "succeeded", "failed", "cancelled", "preempted", "suspended"]
+WorkloadState = Phase
+"""As a filter (a request): one this server knows."""
+SeenState = Phase | str
+"""In an answer: a phase this release knows, or, from a newer server, one it does not (kept as text)."""
+SeenAllocState = AllocPhase | str
 T = TypeVar("T")
 
 # Numbers are bounded here, before they reach int() or the database: no NaN or Infinity, integers within what
@@ -186,13 +192,18 @@ class AllocationPublic(Reply):
     member: int
     node: str
     devices: list[DevicePublic]
-    state: str
+    state: SeenAllocState
     port: int | None
 
 
 class EventPublic(Reply):
     at: float
-    state: str
+    state: SeenState
+    code: str
+    """The lifecycle's EventCode: what programs read (the sentence in `reason` is for people)."""
+    reason_code: str | None = None
+    """For a stop and what follows it: the StopReason (reclaim, preempt, idle, max-runtime, cancel, …)."""
+    args: dict[str, Any] = Field(default_factory=dict)
     reason: str
 
 
@@ -203,8 +214,11 @@ class WorkloadPublic(Reply):
     type: WorkloadType
     priority: str
     preemptible: bool
-    state: WorkloadState
+    state: SeenState
     reason: str
+    """Its current reason, for people; programs read reason_event and reason_code."""
+    reason_event: str = "queued"
+    """The lifecycle's EventCode of its last step ("queued": waiting, reason_code is the PendingReason)."""
     reason_code: str | None
     node: str | None
     devices: list[int]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.lifecycle.phases import STARTED, Phase
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Forbidden, NotFound, ServiceError
 from gpupool.store.tables import AllocationRow, QueueRow, WorkloadRow
@@ -48,9 +49,9 @@ def resolve(session: Session, who: Principal | None, project: str, name: str) ->
     alloc = session.scalar(
         select(AllocationRow)
         .where(AllocationRow.workload_id == row.id, AllocationRow.attempt == row.attempt, AllocationRow.member == 0)
-        .where(AllocationRow.state.in_(("launched", "ready")))
+        .where(AllocationRow.state.in_(sorted(STARTED)))
     )
-    if row.state != "running" or alloc is None:
+    if row.state != Phase.RUNNING or alloc is None:
         raise NotRunning(f"{project}/{name} is {row.state}; it answers once it runs")
     return AppTarget(row.id, row.type, alloc.id, alloc.port, f"/apps/{project}/{name}/", row.app_token)
 

@@ -6,6 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpupool.core import Decision
+from gpupool.lifecycle.phases import QUEUED
 from gpupool.models.schemas import ShareLine, TimelinePoint
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid
@@ -20,7 +21,7 @@ def shares(session: Session, who: Principal, decision: Decision | None) -> list[
     pending = dict(
         session.execute(
             select(WorkloadRow.project_id, func.count())
-            .where(WorkloadRow.state.in_(("pending", "preempted", "suspended")), WorkloadRow.hold.is_(False))
+            .where(WorkloadRow.state.in_(sorted(QUEUED)), WorkloadRow.hold.is_(False))
             .group_by(WorkloadRow.project_id)
         ).all()
     )

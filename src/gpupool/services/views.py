@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 from gpupool.control.policies import Policy
 from gpupool.core import MILLI
+from gpupool.lifecycle.events import render
+from gpupool.lifecycle.phases import LIVE, STARTED, TERMINAL, AllocPhase
 from gpupool.models.schemas import AllocationPublic, DevicePublic, EventPublic, WorkloadDetail, WorkloadPublic
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
 
@@ -23,7 +25,7 @@ def gpu_request(row: WorkloadRow) -> str:
 
 
 def live(row: WorkloadRow) -> list[AllocationRow]:
-    return [a for a in row.allocations if a.state != "ended" and a.attempt == row.attempt]
+    return [a for a in row.allocations if a.state != AllocPhase.ENDED and a.attempt == row.attempt]
 
 
 def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
@@ -36,7 +38,8 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
         priority=row.priority_class,
         preemptible=row.preemptible,
         state=row.state,
-        reason=row.reason,
+        reason=render(row.reason_event, row.reason_code, row.reason_args),
+        reason_event=row.reason_event,
         reason_code=row.reason_code,
         node=allocs[0].node if allocs else None,
         devices=sorted({int(d["index"]) for a in allocs for d in a.devices}),
@@ -47,7 +50,7 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
         workers=row.workers,
         attempt=row.attempt,
         exit_code=row.exit_code,
-        gpu_util_pct=row.gpu_util_pct if row.state in ("starting", "running") else None,
+        gpu_util_pct=row.gpu_util_pct if row.state in LIVE else None,
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
@@ -66,12 +69,12 @@ def workload_detail(
     base = workload_public(row, project).model_dump()
     allocs = live(row)
     url = None
-    if row.type in ("notebook", "inference") and row.state not in ("succeeded", "failed", "cancelled"):
+    if row.type in ("notebook", "inference") and row.state not in TERMINAL:
         # Stable through suspend, resume and requeue; the proxy says 503 while it does not run.
         url = f"{public_url.rstrip('/')}/apps/{project}/{row.name}/"
     fraction = None
     if row.gpu_milli or row.gpu_memory_mib:
-        enforced = bool(allocs) and all(a.state in ("launched", "ready") and a.enforced for a in allocs)
+        enforced = bool(allocs) and all(a.state in STARTED and a.enforced for a in allocs)
         fraction = "enforced" if enforced else "advisory"
     return WorkloadDetail(
         **base,
@@ -92,8 +95,18 @@ def workload_detail(
             )
             for a in allocs
         ],
-        events=[EventPublic(at=e.at, state=e.state, reason=e.reason) for e in events],
-        gpu_memory_used_mib=row.gpu_memory_used_mib if row.state in ("starting", "running") else None,
+        events=[
+            EventPublic(
+                at=e.at,
+                state=e.state,
+                code=e.code,
+                reason_code=e.reason_code,
+                args=dict(e.args or {}),
+                reason=render(e.code, e.reason_code, e.args),
+            )
+            for e in events
+        ],
+        gpu_memory_used_mib=row.gpu_memory_used_mib if row.state in LIVE else None,
         idle_since=row.idle_since,
         idle_timeout_s=policy.idle_timeout_s.get(row.type),
         max_runtime_s=policy.max_runtime_s.get(row.type),

@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 
 from gpupool.control.policies import Policy, chains, effective
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
+from gpupool.lifecycle import transitions as lifecycle
+from gpupool.lifecycle.phases import TERMINAL, Phase
 from gpupool.models.schemas import DNS_LABEL, INT32_MAX, Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.services import audit
 from gpupool.services.auth import Principal
@@ -22,8 +24,6 @@ from gpupool.services.requests import check_fits, check_text, priority_of, to_re
 from gpupool.services.views import workload_detail, workload_public
 from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
 
-ACTIVE = ("pending", "starting", "running", "preempted", "suspended")
-TERMINAL = ("succeeded", "failed", "cancelled")
 _ID = re.compile(r"^[0-9]{1,10}$", re.ASCII)  # ids are the store's 32-bit Integer; \d alone takes "١٢٣"
 _NAME = re.compile(DNS_LABEL)
 
@@ -104,9 +104,7 @@ def submit(
         port=body.port,
         grace_s=default_grace_s if body.grace_s is None else body.grace_s,
         app_token=secrets.token_urlsafe(24) if body.type == "notebook" else None,
-        state="pending",
-        reason_code=None,
-        reason="waiting for the scheduler",
+        state=Phase.PENDING.value,
         attempt=0,
         nominated=[],
         created_at=now,
@@ -119,7 +117,7 @@ def submit(
     except IntegrityError:
         session.rollback()
         raise Conflict(f"project {body.project!r} already has a workload named {name!r}") from None
-    session.add(EventRow(workload_id=row.id, at=now, state="pending", reason=f"submitted by {who.name}"))
+    session.add(lifecycle.submitted(row, who.name, now))
     session.commit()
     return workload_public(row, body.project), True
 
@@ -204,11 +202,9 @@ def resume(session: Session, who: Principal, ref: str, project: str | None) -> W
     row = find(session, who, ref, project)
     if not who.can_write(row.project_id):
         raise Forbidden(f"your role ({who.role}) cannot resume workloads")
-    if row.state != "suspended" or not row.hold:
+    if row.state != Phase.SUSPENDED or not row.hold:
         raise Conflict(f"{row.name!r} is {row.state}; only a workload suspended by a policy can be resumed")
-    now = time.time()
-    row.hold, row.reason_code, row.reason = False, None, f"resumed by {who.name}"
-    session.add(EventRow(workload_id=row.id, at=now, state=row.state, reason=row.reason))
+    session.add(lifecycle.resume(row, who.name, time.time()))
     session.commit()
     return workload_public(row, _project_names(session).get(row.project_id, "?"))
 
@@ -220,15 +216,8 @@ def cancel(session: Session, who: Principal, ref: str, project: str | None) -> W
         raise Forbidden(f"your role ({who.role}) cannot cancel workloads")
     if row.state in TERMINAL:
         raise Conflict(f"{row.name!r} has already ended ({row.state})")
-    now = time.time()
-    if row.state in ("pending", "preempted", "suspended"):
-        row.state, row.reason_code, row.reason, row.finished_at = "cancelled", None, f"cancelled by {who.name}", now
-        session.add(EventRow(workload_id=row.id, at=now, state="cancelled", reason=row.reason))
-    elif row.stop_reason != "cancel":
-        row.stop_reason, row.reason = "cancel", f"cancelled by {who.name}; stopping"
-        for alloc in row.allocations:
-            if alloc.state != "ended" and alloc.stop_at is None:
-                alloc.stop_at = now
-        session.add(EventRow(workload_id=row.id, at=now, state=row.state, reason=row.reason))
+    event = lifecycle.cancel(row, who.name, time.time())
+    if event is not None:
+        session.add(event)
     session.commit()
     return workload_public(row, _project_names(session).get(row.project_id, "?"))

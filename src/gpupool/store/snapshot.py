@@ -20,10 +20,8 @@ from gpupool.core import (
     State,
     Workload,
 )
+from gpupool.lifecycle.phases import LIVE
 from gpupool.store.tables import NodeRow, PoolRow, QueueRow, WorkloadRow
-
-PENDING_STATES = ("pending", "preempted", "suspended")
-RUNNING_STATES = ("starting", "running")
 
 
 def core_id(workload_id: int) -> str:
@@ -72,7 +70,7 @@ def core_queues(session: Session) -> tuple[Queue, ...]:
 
 
 def core_workload(row: WorkloadRow, project: str) -> Workload:
-    if row.state in RUNNING_STATES:
+    if row.state in LIVE:
         state = State.RELEASING if row.stop_reason else State.RUNNING
         # Members that already ended well keep their place: a gang finishing rank by rank is not broken.
         placements = tuple(
@@ -101,6 +99,7 @@ def core_workload(row: WorkloadRow, project: str) -> Workload:
         placements=placements,
         start_time=row.started_at,
         nominated_nodes=tuple(row.nominated),
+        label=f"'{row.name}'",
     )
 
 

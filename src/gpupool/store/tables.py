@@ -182,12 +182,15 @@ class WorkloadRow(Base):
     grace_s: Mapped[float] = mapped_column(Float)
     app_token: Mapped[str | None] = mapped_column(String(64), nullable=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
+    reason_event: Mapped[str] = mapped_column(String(32), default="queued", server_default="queued")
+    """Its current reason: the lifecycle's EventCode of its last step (or "queued" with the scheduler's reason),
+    the StopReason or PendingReason, and their arguments. The sentence is rendered from them at the edge."""
     reason_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    reason: Mapped[str] = mapped_column(Text, default="")
+    reason_args: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     nominated: Mapped[list[Any]] = mapped_column(JSON, default=list)
     stop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
-    """Why its processes are being stopped: cancel, reclaim, preempt, consolidate, gang-broken, failed."""
+    """Why its processes are being stopped (a lifecycle StopReason); None while nothing asked them to."""
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     hold: Mapped[bool] = mapped_column(Boolean, default=False)
     """Suspended by a policy: not queued again until someone resumes it."""
@@ -217,7 +220,7 @@ class AllocationRow(Base):
     devices: Mapped[list[Any]] = mapped_column(JSON, default=list)
     """[{index, milli, memory_mib}]"""
     state: Mapped[str] = mapped_column(String(16))
-    """bound (persisted, not launched), launched, ready, stopping, ended."""
+    """A lifecycle AllocPhase: bound (persisted, not launched), launched, ready, ended."""
     port: Mapped[int | None] = mapped_column(Integer, nullable=True)
     master_port: Mapped[int | None] = mapped_column(Integer, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -228,12 +231,17 @@ class AllocationRow(Base):
 
 
 class EventRow(Base):
+    """One step of a workload's lifecycle: the phase it left it in, the lifecycle's EventCode, the StopReason (for
+    stops and what follows them) and the arguments its sentence is rendered from."""
+
     __tablename__ = "events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
     at: Mapped[float] = mapped_column(Float)
     state: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str] = mapped_column(Text, default="")
+    code: Mapped[str] = mapped_column(String(32), index=True)
+    reason_code: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    args: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
 class UsageRow(Base):

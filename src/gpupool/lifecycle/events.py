@@ -1,0 +1,105 @@
+"""What happened to a workload, as a code and its arguments; the text people read is rendered from them here, at
+the edge (API views, CLI, portal), and never parsed back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from gpupool.lifecycle.phases import StopReason
+
+
+class EventCode(StrEnum):
+    SUBMITTED = "submitted"
+    """args: by."""
+    QUEUED = "queued"
+    """Not an event of its own: a queued workload's current reason (the scheduler's, args: detail)."""
+    PLACED = "placed"
+    """args: nodes."""
+    RUNNING = "running"
+    SERVING = "serving"
+    """A notebook or service answers on its port."""
+    STOP_REQUESTED = "stop-requested"
+    """Its members are asked to stop; the event's reason is the StopReason. args by reason: detail (scheduler),
+    by (cancel), idle_s/limit_s (idle), ran_s/limit_s (max-runtime), member/exit_code (failed), node (node-lost)."""
+    REQUEUED = "requeued"
+    """Back in the queue after a stop it did not cause; args: those of the stop."""
+    SUSPENDED = "suspended"
+    """A notebook stopped by a policy: held until resumed; args: those of the stop."""
+    RESUMED = "resumed"
+    """args: by."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    """args: member/exit_code (a member failed), or those of a policy stop (reason idle or max-runtime)."""
+    CANCELLED = "cancelled"
+    """args: by."""
+    NOTE = "note"
+    """An event written before events had codes; args: text."""
+
+
+def duration(seconds: float) -> str:
+    s = int(seconds)
+    if s >= 3600 and s % 3600 == 0:
+        return f"{s // 3600}h"
+    if s >= 60 and s % 60 == 0:
+        return f"{s // 60}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60}s"
+    return f"{s}s"
+
+
+def _exit(code: Any) -> str:
+    return "an unknown status (killed or lost)" if code is None else f"code {code}"
+
+
+def stop_cause(reason: str | None, args: Mapping[str, Any]) -> str:
+    """Why a workload was stopped, in a few words: "idle for 5m (limit 5m)", "reclaim: …"."""
+    if "text" in args:  # written as a sentence before events had codes
+        return str(args["text"])
+    if reason == StopReason.CANCEL:
+        return f"cancelled by {args.get('by', '?')}"
+    if reason == StopReason.IDLE:
+        return f"idle for {duration(args.get('idle_s', 0))} (limit {duration(args.get('limit_s', 0))})"
+    if reason == StopReason.MAX_RUNTIME:
+        return f"ran for {duration(args.get('ran_s', 0))} (limit {duration(args.get('limit_s', 0))})"
+    if reason == StopReason.MEMBER_FAILED:
+        return f"member {args.get('member', '?')} exited with {_exit(args.get('exit_code'))}"
+    if reason == StopReason.NODE_LOST:
+        return f"node {args.get('node', '?')} was lost"
+    if "detail" in args:
+        return f"{reason}: {args['detail']}"
+    return str(args.get("text", reason or "stopped"))
+
+
+def render(code: str | None, reason: str | None, args: Mapping[str, Any] | None) -> str:
+    """The sentence for an event, or for a workload's current reason (the code and arguments of its last step)."""
+    a: Mapping[str, Any] = args or {}
+    match code:
+        case EventCode.SUBMITTED:
+            return f"submitted by {a.get('by', '?')}"
+        case EventCode.QUEUED:
+            return str(a.get("detail", "waiting for the scheduler"))
+        case EventCode.PLACED:
+            return f"placed on {', '.join(a.get('nodes', []))}"
+        case EventCode.RUNNING:
+            return "running"
+        case EventCode.SERVING:
+            return "answering on its port"
+        case EventCode.STOP_REQUESTED:
+            return f"{stop_cause(reason, a)}; stopping"
+        case EventCode.REQUEUED:
+            return f"requeued after {stop_cause(reason, a)}"
+        case EventCode.SUSPENDED:
+            return f"{stop_cause(reason, a)}; resume it to start again"
+        case EventCode.RESUMED:
+            return f"resumed by {a.get('by', '?')}"
+        case EventCode.SUCCEEDED:
+            return "every member exited with code 0"
+        case EventCode.FAILED:
+            if reason in (StopReason.IDLE, StopReason.MAX_RUNTIME):
+                return f"stopped by policy: {stop_cause(reason, a)}"
+            return stop_cause(StopReason.MEMBER_FAILED, a) if "member" in a else "failed"
+        case EventCode.CANCELLED:
+            return f"cancelled by {a.get('by', '?')}"
+    return str(a.get("text", code or ""))

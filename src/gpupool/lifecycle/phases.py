@@ -1,0 +1,103 @@
+"""Workload and allocation phases, and the reasons a workload waits or stops. Persisted as their string values."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    PENDING = "pending"
+    """Queued, never started (or cancelled before it did)."""
+    STARTING = "starting"
+    """Placed: its members are being launched and, for apps, have not answered yet."""
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    """Stopped by the scheduler and queued again in its old place."""
+    SUSPENDED = "suspended"
+    """A notebook stopped by the scheduler (queued again) or by a policy (held until resumed); its files stay."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+QUEUED = frozenset({Phase.PENDING, Phase.PREEMPTED, Phase.SUSPENDED})
+"""Waiting for the scheduler (unless held)."""
+LIVE = frozenset({Phase.STARTING, Phase.RUNNING})
+"""Holding devices: its members run or are being launched or stopped."""
+ACTIVE = QUEUED | LIVE
+TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED})
+
+
+class AllocPhase(StrEnum):
+    """One member of one attempt on a node."""
+
+    BOUND = "bound"
+    """Persisted, not launched yet: a crash here relaunches it by its id, never twice."""
+    LAUNCHED = "launched"
+    READY = "ready"
+    """Launched, and for an app, answering."""
+    ENDED = "ended"
+
+
+HOLDING = frozenset({AllocPhase.BOUND, AllocPhase.LAUNCHED, AllocPhase.READY})
+"""Phases in which an allocation holds its devices."""
+STARTED = frozenset({AllocPhase.LAUNCHED, AllocPhase.READY})
+"""Phases in which a member's processes exist."""
+
+
+class StopReason(StrEnum):
+    """Why a live workload's members are being stopped; it decides what the workload becomes once they are gone."""
+
+    CANCEL = "cancel"
+    RECLAIM = "reclaim"
+    """Taken back for a project below its fair share or deserved quota."""
+    PREEMPT = "preempt"
+    """Preempted by a higher-priority workload of the same project."""
+    CONSOLIDATE = "consolidate"
+    """Moved to make room for a workload that fits nowhere else."""
+    GANG_BROKEN = "gang-broken"
+    NODE_LOST = "node-lost"
+    MEMBER_FAILED = "failed"
+    """One member exited non-zero: the rest of the gang cannot go on without it."""
+    IDLE = "idle"
+    MAX_RUNTIME = "max-runtime"
+
+
+REQUEUES = frozenset(
+    {StopReason.RECLAIM, StopReason.PREEMPT, StopReason.CONSOLIDATE, StopReason.GANG_BROKEN, StopReason.NODE_LOST}
+)
+"""Not the workload's doing: it goes back in the queue in its old place."""
+POLICY_STOPS = frozenset({StopReason.IDLE, StopReason.MAX_RUNTIME})
+EVICTIONS = REQUEUES | POLICY_STOPS
+"""What `gpupool_evictions_total` counts: stops by the scheduler or a policy, not by the user or the workload."""
+
+
+class PendingReason(StrEnum):
+    """Why a queued workload has not started. The scheduler's codes (the core's PendingCode, same values) plus
+    the states it has before and outside the scheduler's view."""
+
+    WAITING = "waiting"
+    """Submitted; no cycle has looked at it yet."""
+    OVER_LIMIT = "over-limit"
+    NONPREEMPTIBLE_OVER_DESERVED = "nonpreemptible-over-deserved"
+    NO_NODE_FITS = "no-node-fits"
+    NEVER_FITS = "never-fits"
+    GANG_UNPLACEABLE = "gang-unplaceable"
+    NO_SHAREABLE_DEVICE = "no-shareable-device"
+    WAITING_FOR_EVICTIONS = "waiting-for-evictions"
+    QUEUED_BEHIND = "queued-behind"
+
+
+Reason = StopReason | PendingReason
+
+
+def reason_of(code: str | None) -> Reason | None:
+    """The typed reason a stored code names; None for no code or one this release does not know."""
+    if code is None:
+        return None
+    for kind in (StopReason, PendingReason):
+        try:
+            return kind(code)
+        except ValueError:
+            continue
+    return None
