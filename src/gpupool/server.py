@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 import ssl
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import uvicorn
 from sqlalchemy import make_url
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.api.app import create_app
 from gpupool.api.deps import Context
@@ -22,7 +22,7 @@ from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
 from gpupool.control.controller import Controller
 from gpupool.services.auth import PrincipalCache
 from gpupool.services.oidc import OidcClient, OidcConfig, RoleMap
-from gpupool.services.org import ensure_admin
+from gpupool.services.sessions import first_admin, session_key
 from gpupool.services.sso import Sso
 from gpupool.settings import Settings
 from gpupool.store.engine import make_engine, migrate, session_factory
@@ -34,23 +34,41 @@ class StartupError(Exception):
     """A setting the server cannot start with (a bad GPU spec, say); the message says which and why."""
 
 
-def write_admin_token(data_dir: Path, token: str) -> Path:
+def keep_admin_token(data_dir: Path, token: str | None) -> Path | None:
+    """The first admin's token in the data dir (mode 600) while the first start waits for it; the file goes
+    once the first start is over."""
     path = data_dir / "admin-token"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(path, 0o600)
+    if token is None:
+        path.unlink(missing_ok=True)
+        return None
+    if _read(path) != token:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(path, 0o600)
     return path
 
 
-def session_secret(data_dir: Path) -> bytes:
-    """The key that signs portal sessions: made on first start, kept in the data dir (mode 600)."""
-    path = data_dir / "session-secret"
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-    return bytes.fromhex(path.read_text().strip())
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def store_state(settings: Settings, sessions: sessionmaker[Session]) -> tuple[bytes, str | None]:
+    """The session key (the setting's, else the store's) and the first admin's token file, if this server
+    keeps one. A key from a data dir of before goes into the store, if the store has none yet, and the file
+    goes: the store is where every server reads it."""
+    legacy = settings.data_dir / "session-secret"
+    with sessions() as s:
+        key = session_key(s, _read(legacy))
+        token = first_admin(s, _read(settings.data_dir / "admin-token"))
+    legacy.unlink(missing_ok=True)
+    if settings.session_secret is not None:
+        key = settings.session_secret.get_secret_value().encode()
+    path = keep_admin_token(settings.data_dir, token)
+    return key, None if path is None else str(path)
 
 
 def isolation(settings: Settings) -> Isolation:
@@ -67,9 +85,9 @@ def role_map(settings: Settings) -> RoleMap:
         raise StartupError(f"--oidc-role {e}") from None
 
 
-def single_sign_on(settings: Settings) -> Sso | None:
-    """The provider's client (it reaches the provider only at the first login) and the role map; None when
-    --oidc-issuer is not given."""
+def single_sign_on(settings: Settings) -> tuple[OidcConfig, RoleMap] | None:
+    """The provider's configuration (its client reaches the provider only at the first login) and the role map;
+    None when --oidc-issuer is not given."""
     if settings.oidc_issuer is None or settings.oidc_client_id is None:
         return None
     roles = role_map(settings)
@@ -84,12 +102,12 @@ def single_sign_on(settings: Settings) -> Sso | None:
         raise StartupError(f"single sign-on: {e}") from None
     if not roles.entries:
         log.warning("single sign-on without --oidc-role: every login will be refused (default deny)")
-    return Sso(OidcClient(config), roles, session_secret(settings.data_dir))
+    return config, roles
 
 
 def build(settings: Settings) -> tuple[Context, str | None]:
-    """Everything a server needs, started except for the HTTP listener. Returns the context and, on first
-    start, where the admin token was written."""
+    """Everything a server needs, started except for the HTTP listener. Returns the context and, while the first
+    start waits for its admin, where this server keeps the admin's token."""
     role_map(settings)  # a bad --oidc-role stops the start before anything is made
     try:
         gpus = discover(settings.gpus)
@@ -97,7 +115,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         raise StartupError(str(e)) from None
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.data_dir, 0o700)
-    sso = single_sign_on(settings)
+    oidc = single_sign_on(settings)
     engine = make_engine(settings.database_url)
     try:
         migrate(engine)
@@ -106,9 +124,8 @@ def build(settings: Settings) -> tuple[Context, str | None]:
             f"cannot use the store {_redact(settings.database_url)}: {' '.join(str(e.orig).split())}"
         ) from None
     sessions = session_factory(engine)
-    with sessions() as s:
-        token = ensure_admin(s)
-    token_path = str(write_admin_token(settings.data_dir, token)) if token else None
+    key, token_path = store_state(settings, sessions)
+    sso = None if oidc is None else Sso(OidcClient(oidc[0]), oidc[1], key)
     holder: list[Controller] = []
     backend: Backend
     if settings.backend == "kubernetes":

@@ -1,15 +1,44 @@
-"""One validated Settings object, built by an entry point (the server command, a test) and passed down."""
+"""One validated Settings object, built by an entry point (the server command, a test) and passed down.
+
+Where a value comes from, strongest first: flags (what the entry point passes in), the environment
+(GPUPOOL_<NAME>), the secrets dir (secrets only, a file per secret), the config file (YAML or TOML, named by
+--config or GPUPOOL_CONFIG), then the defaults below. A config file's keys and the environment's names are the
+field names here (db_url, interval_s, ...)."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import stat
+import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+import yaml
+from pydantic import Field, SecretStr, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
+)
 from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
+
+SECRETS = {
+    "db_password": "the database password",
+    "oidc_client_secret": "the OpenID Connect client secret",
+    "session_secret": "the session secret",
+}
+"""The settings that are secrets: each may come from `<name>_file`, or a file `<name>` in the secrets dir."""
+
+
+class ConfigError(ValueError):
+    """A config file, secrets dir or secret file that cannot be used; the message says which and why."""
 
 
 def default_data_dir() -> Path:
@@ -17,14 +46,20 @@ def default_data_dir() -> Path:
     return Path(base) / "gpupool"
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", env_prefix="GPUPOOL_", env_ignore_empty=True)
 
+    config: Path | None = None
+    """A YAML (.yaml, .yml) or TOML (.toml) file of settings, keyed by these fields' names."""
+    secrets_dir: Path | None = None
+    """A directory holding secrets as files named for them (db_password, oidc_client_secret, session_secret), as
+    a Kubernetes Secret volume or Docker secrets lay them out."""
     data_dir: Path = Field(default_factory=default_data_dir)
     db_url: str | None = None
     """SQLAlchemy URL, without a password; None: SQLite in data_dir."""
     db_password: SecretStr | None = None
-    """The database password (from the environment or a file, never a command line), put into the URL in memory."""
+    """The database password (never a command line), put into the URL in memory."""
+    db_password_file: Path | None = None
     host: str = "127.0.0.1"
     port: int = Field(8470, ge=0, le=65535)
     tls_cert: Path | None = None
@@ -66,10 +101,57 @@ class Settings(BaseModel):
     """Single sign-on: the OpenID Connect provider's issuer URL; None: no single sign-on."""
     oidc_client_id: str | None = Field(None, max_length=255)
     oidc_client_secret: SecretStr | None = None
-    """From a file (mode 600), never a command line; None: a public client (PKCE alone)."""
+    """None: a public client (PKCE alone)."""
+    oidc_client_secret_file: Path | None = None
     oidc_roles: tuple[str, ...] = ()
     """GROUP=admin, GROUP=department:NAME:ROLE or GROUP=project:NAME:ROLE (gpupool.services.oidc_roles)."""
     oidc_groups_claim: str = Field("groups", min_length=1, max_length=255)
+    session_secret: SecretStr | None = Field(None, min_length=32, max_length=1024)
+    """The key that signs the values a browser keeps between the halves of a single sign-on. None: the one
+    the store made on first start, shared by every server on the store; set it to pin (or rotate) it."""
+    session_secret_file: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        given = init_settings.init_kwargs if isinstance(init_settings, InitSettingsSource) else {}
+        path = given.get("config") or os.environ.get("GPUPOOL_CONFIG") or None
+        file = config_file(settings_cls, Path(path)) if path is not None else None
+        secrets_dir = (
+            given.get("secrets_dir")
+            or os.environ.get("GPUPOOL_SECRETS_DIR")
+            or (file.init_kwargs.get("secrets_dir") if file is not None else None)
+        )
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if secrets_dir:
+            sources.append(SecretFiles(settings_cls, Path(secrets_dir)))
+        if file is not None:
+            sources.append(file)
+        return tuple(sources)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_files(cls, data: Any) -> Any:
+        """A secret's `<name>_file` becomes the secret; given both ways is an error (which would win is a guess)."""
+        if not isinstance(data, dict):
+            return data
+        for name, what in SECRETS.items():
+            path = data.get(f"{name}_file")
+            if path is None:
+                continue
+            if data.get(name) is not None:
+                raise ValueError(
+                    f"{what} is given twice: as {name} (GPUPOOL_{name.upper()}, the secrets dir or the config "
+                    f"file) and as {name}_file (--{name.replace('_', '-')}-file); give one"
+                )
+            data = {**data, name: read_secret_file(Path(path), f"{name}_file {path}")}
+        return data
 
     @model_validator(mode="after")
     def _edges(self) -> Settings:
@@ -117,6 +199,83 @@ class Settings(BaseModel):
         return url.render_as_string(hide_password=False)
 
 
+def config_file(settings_cls: type[BaseSettings], path: Path) -> InitSettingsSource:
+    """The settings in a YAML or TOML file. A file that holds a secret must be readable by its owner alone."""
+    where = f"config file {path}"
+    suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml"):
+        raise ConfigError(f"{where}: name it .yaml, .yml or .toml (its suffix says how to read it)")
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        with path.open("rb"):  # readable at all: the sources below would skip a missing file silently
+            pass
+    except OSError as e:
+        raise ConfigError(f"{where}: {e.strerror}") from None
+    source: InitSettingsSource
+    try:
+        if suffix == ".toml":
+            source = TomlConfigSettingsSource(settings_cls, toml_file=path)
+            data: object = source.toml_data
+        else:
+            source = YamlConfigSettingsSource(settings_cls, yaml_file=path)
+            data = source.yaml_data
+    except (yaml.YAMLError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: not valid {'TOML' if suffix == '.toml' else 'YAML'}: {_first_line(e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of setting names to values at the top")
+    if "config" in data:
+        raise ConfigError(f"{where}: a config file cannot name another (config)")
+    held = sorted(k for k in data if k in SECRETS)
+    if held and mode & 0o077:
+        raise ConfigError(f"{where}: holds {', '.join(held)} but mode {mode:o} lets others read it; chmod 600 it")
+    return source
+
+
+class SecretFiles(SecretsSettingsSource):
+    """The secrets dir: only the secrets are read from it, each a file named for its setting, which other users
+    may not read (its group may: a container platform mounts secrets group-readable for the pod's fsGroup)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], directory: Path) -> None:
+        super().__init__(settings_cls, secrets_dir=directory, env_prefix="", case_sensitive=True)
+        self.directory = directory
+
+    def __call__(self) -> dict[str, Any]:
+        if not self.directory.is_dir():  # the library only warns
+            raise ConfigError(f"secrets_dir {self.directory}: not a directory")
+        return super().__call__()
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if field_name not in SECRETS:
+            return None, field_name, False
+        value, key, complex_ = super().get_field_value(field, field_name)
+        if value is not None:
+            path = self.directory / field_name
+            mode = stat.S_IMODE(path.stat().st_mode)
+            if mode & 0o007:
+                raise ConfigError(f"secrets_dir {path}: mode {mode:o} lets every user read it; chmod o-rwx it")
+            if not value:
+                raise ConfigError(f"secrets_dir {path}: the file is empty")
+        return value, key, complex_
+
+
+def read_secret_file(path: Path, what: str) -> str:
+    """A secret from a file only its owner can read (its first line's end stripped)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise ConfigError(f"{what}: mode {mode:o} lets others read it; chmod 600 it")
+        text = path.read_text().rstrip("\r\n")
+    except OSError as e:
+        raise ConfigError(f"{what}: {e.strerror}") from None
+    if not text:
+        raise ConfigError(f"{what}: the file is empty")
+    return text
+
+
+def _first_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:300]
+
+
 def loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -129,6 +288,8 @@ def loopback(host: str) -> bool:
 def check_db_url(url: str) -> None:
     """A database URL must not carry a password: a command line is visible to every user of the host (ps,
     /proc/<pid>/cmdline) and stays in shell history."""
+    if not url.startswith(("postgresql://", "postgresql+psycopg://", "sqlite:///")):
+        raise ValueError("--db: expected postgresql://user@host/dbname or sqlite:///path")  # not echoed: a password?
     try:
         parsed = make_url(url)
     except ArgumentError:

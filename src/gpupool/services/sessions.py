@@ -7,12 +7,17 @@ password change revokes every other session of the user.
 Guessing is limited per account and address pair (an attacker locks out only their own address, never the
 user's), and per address across accounts. A locked pair waits 30 s after its fifth failure, doubling with each
 failure after, up to 15 minutes. Every refusal costs about one scrypt, whether the name exists or not.
+
+Also here: the first start's admin (`first_admin`), and the key that signs what a browser keeps between the
+halves of a single sign-on (`session_key`); both live in the store, so a server with an empty data dir neither
+bootstraps again nor forgets the key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import secrets
 import threading
@@ -25,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.services.auth import Principal, hash_token, new_token, principal_for
 from gpupool.services.errors import Forbidden, Invalid, NotFound, ServiceError
+from gpupool.store import server_state
 from gpupool.store.tables import TokenRow, UserRow
 
 SESSION_TTL_S = 12 * 3600
@@ -163,3 +169,92 @@ def set_password(session: Session, who: Principal, name: str, password: str, cur
         if row.id != who.token_id:
             row.revoked_at = now
     session.commit()
+
+
+# --- the first start ----------------------------------------------------------------------------------------
+
+_DONE = json.dumps({"state": "done"})
+
+
+def session_key(session: Session, legacy: str | None = None) -> bytes:
+    """The store's session key, made once for every server on the store. `legacy`: the key a server kept in
+    its data dir before the store held it (hex), taken so that values it signed stay valid."""
+
+    def make() -> str:
+        if legacy is not None and len(legacy) == 64 and all(c in "0123456789abcdef" for c in legacy):
+            return legacy
+        return secrets.token_hex(32)
+
+    return bytes.fromhex(server_state.get_or_create(session, server_state.SESSION_SECRET, make))
+
+
+def first_admin(session: Session, held: str | None, name: str = "admin") -> str | None:
+    """The first admin's token this server should keep in its data dir; None once the first start is over.
+
+    The first server to start on an empty store makes the admin and its token (one transaction; a racing server
+    loses the insert of the bootstrap state and reads the winner's). Until a first-admin token is used, a server
+    whose data dir lacks one (`held`: what its file holds) gets one of its own, so a restart with an empty data
+    dir, or another replica, never leaves the admin locked out. The first start is over once any of them has
+    been used or revoked, or another admin exists; the unused ones are then revoked, and no server ever
+    bootstraps again: not even with an empty data dir, and not after the used token's file is gone."""
+    for _ in range(10):  # each round loses only to another server's committed change
+        raw = server_state.read(session, server_state.BOOTSTRAP)
+        if raw is None:
+            if session.scalar(select(UserRow.id).limit(1)) is not None:  # a store set up before this state
+                server_state.insert_once(session, server_state.BOOTSTRAP, _DONE)
+                session.commit()
+                return None
+            pending = json.dumps({"state": "pending", "tokens": []})
+            if not server_state.insert_once(session, server_state.BOOTSTRAP, pending):
+                session.rollback()
+                continue
+            user = UserRow(name=name, role="admin", kind="person", created_at=time.time())
+            session.add(user)
+            session.flush()
+            token, row = _issue(session, user.id)
+            server_state.replace(session, server_state.BOOTSTRAP, pending, _state(user.id, [row.id]))
+            session.commit()
+            return token
+        state = json.loads(raw)
+        if state["state"] == "done":
+            return None
+        user_id, ids = int(state["user_id"]), [int(i) for i in state["tokens"]]
+        rows = list(session.scalars(select(TokenRow).where(TokenRow.id.in_(ids))))
+        if _over(session, user_id, ids, rows):
+            now = time.time()
+            for r in rows:
+                if r.last_used_at is None and r.revoked_at is None:
+                    r.revoked_at = now
+            if server_state.replace(session, server_state.BOOTSTRAP, raw, _DONE):
+                session.commit()
+                return None
+            session.rollback()
+            continue
+        if held is not None and hash_token(held) in {r.token_hash for r in rows}:
+            return held
+        token, row = _issue(session, user_id)
+        if server_state.replace(session, server_state.BOOTSTRAP, raw, _state(user_id, [*ids, row.id])):
+            session.commit()
+            return token
+        session.rollback()
+    raise RuntimeError("the first start's state kept changing under this server")
+
+
+def _state(user_id: int, tokens: list[int]) -> str:
+    return json.dumps({"state": "pending", "user_id": user_id, "tokens": tokens})
+
+
+def _issue(session: Session, user_id: int) -> tuple[str, TokenRow]:
+    token, now = new_token(), time.time()
+    row = TokenRow(user_id=user_id, kind="personal", name="initial", token_hash=hash_token(token), created_at=now)
+    session.add(row)
+    session.flush()
+    return token, row
+
+
+def _over(session: Session, user_id: int, ids: list[int], rows: list[TokenRow]) -> bool:
+    if len(rows) != len(ids) or any(r.last_used_at is not None or r.revoked_at is not None for r in rows):
+        return True
+    admin = session.get(UserRow, user_id)
+    other = session.scalar(select(UserRow.id).where(UserRow.role == "admin", UserRow.id != user_id).limit(1))
+    return admin is None or admin.role != "admin" or other is not None
