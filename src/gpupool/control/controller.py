@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextvars
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
+from prometheus_client import Histogram
 from sqlalchemy import select, true
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -17,13 +21,24 @@ from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.reconcile import reconcile
 from gpupool.control.usage import account
 from gpupool.core import Decision, SchedulerConfig, schedule
+from gpupool.core.cycle import Observer
 from gpupool.core.placement.memo import Memo
-from gpupool.lifecycle.phases import ACTIVE
+from gpupool.lifecycle.events import EventCode
+from gpupool.lifecycle.phases import ACTIVE, EVICTIONS
+from gpupool.logs import current_cycle, cycle_context
 from gpupool.store.secrets import project_environment as secret_environment
 from gpupool.store.snapshot import build_snapshot
-from gpupool.store.tables import NodeRow, QueueRow, WorkloadRow
+from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
+
+try:  # traces are optional: without the API package there are none, and without an SDK its tracer is a no-op
+    from opentelemetry import trace as otel_trace
+except ImportError:  # pragma: no cover - depends on what is installed
+    otel_trace = None  # type: ignore[assignment]
 
 log = logging.getLogger("gpupool.control")
+
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""The core's steps take well under a millisecond on a small cluster; a commit on a busy store, seconds."""
 
 
 class Controller:
@@ -57,6 +72,15 @@ class Controller:
         self.last_decision: Decision | None = None
         self.last_cycle_s = 0.0
         self.cycles = 0
+        self.step_seconds = Histogram(
+            "gpupool_scheduler_step_seconds",
+            "Duration of one step of a scheduling cycle: the control plane's (reconcile, ..., commit_events) and, "
+            "within schedule, the core's (open, allocate, ..., explain).",
+            ["step"],
+            registry=None,  # one per controller; /metrics collects it from here
+            buckets=STEP_BUCKETS,
+        )
+        self._cycle_ids = itertools.count(1)
         self._memo = Memo()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
         self._wake = threading.Event()
@@ -111,8 +135,7 @@ class Controller:
                 return
             try:
                 busy = self.cycle()
-            except Exception:  # the loop must outlive any one bad cycle; the next one starts from the store
-                log.exception("scheduling cycle failed")
+            except Exception:  # the loop must outlive any one bad cycle; cycle() logged it, with its id
                 busy = False
             last_end = time.monotonic()
             timeout = 0.2 if busy else self.interval_s
@@ -128,7 +151,10 @@ class Controller:
                 return e
             return None
 
-        return list(self._pool.map(one, specs))
+        # A pool thread does not inherit this one's context: each launch runs in a copy, so what it logs carries
+        # the cycle's id (and its trace, where there is one).
+        contexts = [contextvars.copy_context() for _ in specs]
+        return list(self._pool.map(lambda ctx, spec: ctx.run(one, spec), contexts, specs))
 
     def _sample(
         self, s: Session, rows: list[WorkloadRow], policies: dict[int, Policy], nodes: dict[str, NodeRow], now: float
@@ -144,38 +170,80 @@ class Controller:
         self._last_sample_at = now
         self.last_sample = sample
         self.last_sample_s = time.perf_counter() - started
+        self.step_seconds.labels("telemetry").observe(self.last_sample_s)
+
+    @contextmanager
+    def _step(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.step_seconds.labels(name).observe(time.perf_counter() - started)
+
+    def _core_observer(self) -> Observer:
+        """Times the core's steps: it reports each step's start and end and never reads a clock itself."""
+        starts: dict[str, float] = {}
+
+        def note(step: str, phase: str) -> None:
+            if phase == "start":
+                starts[step] = time.perf_counter()
+            elif step in starts:
+                self.step_seconds.labels(step).observe(time.perf_counter() - starts.pop(step))
+
+        return note
 
     def cycle(self) -> bool:
-        """One pass: reconcile → snapshot → schedule → persist → act. Returns whether work is in flight."""
+        """One pass: reconcile → snapshot → schedule → persist → act. Returns whether work is in flight.
+        Every line logged meanwhile carries the cycle's id; a failure is logged here, with it, and raised."""
+        cycle_id = next(self._cycle_ids)
+        with cycle_context(cycle_id), _span(cycle_id):
+            try:
+                return self._cycle()
+            except Exception:
+                log.exception("scheduling cycle failed")
+                raise
+
+    def _cycle(self) -> bool:
         if (
             self.inventory_interval_s is not None
             and time.monotonic() - self._last_inventory >= self.inventory_interval_s
         ):
-            self.register_nodes()
+            with self._step("inventory"):
+                self.register_nodes()
         with self.lock, self.sessions() as s:
             started = time.perf_counter()
             self.last_sample_s = 0.0
             now = self.clock()
-            observed = self.backend.observe()
             # Nothing is written until the decision is made: the write lock (SQLite has one) is held only for
             # the commit, not while the scheduler thinks, so submits are never kept waiting by a cycle.
             with s.no_autoflush:
-                active = WorkloadRow.state.in_(sorted(ACTIVE)) & WorkloadRow.hold.is_(False)
-                rows = list(s.scalars(select(WorkloadRow).where(active).order_by(WorkloadRow.id)))
-                events_so_far, ended = reconcile(rows, observed, now)
-                s.add_all(events_so_far)
-                rows = [r for r in rows if r.state in ACTIVE and not r.hold]
+                with self._step("reconcile"):
+                    observed = self.backend.observe()
+                    active = WorkloadRow.state.in_(sorted(ACTIVE)) & WorkloadRow.hold.is_(False)
+                    loaded = list(s.scalars(select(WorkloadRow).where(active).order_by(WorkloadRow.id)))
+                    reconciled, ended = reconcile(loaded, observed, now)
+                    s.add_all(reconciled)
+                rows = [r for r in loaded if r.state in ACTIVE and not r.hold]
                 queues = list(s.scalars(select(QueueRow)))
                 nodes = {n.name: n for n in s.scalars(select(NodeRow))}
                 policies = {qid: effective(chain) for qid, chain in chains(queues).items()}
                 self._sample(s, rows, policies, nodes, now)
-                s.add_all(enforce(rows, policies, now))
-                decision = schedule(build_snapshot(s, rows, now), self.config, memo=self._memo)
-                s.add_all(persist({r.id: r for r in rows}, decision, now))
-            s.commit()  # persist first: a crash from here on relaunches by allocation id, never twice
+                with self._step("policies"):
+                    enforced = enforce(rows, policies, now)
+                    s.add_all(enforced)
+                with self._step("snapshot"):
+                    snapshot = build_snapshot(s, rows, now)
+                with self._step("schedule"):
+                    decision = schedule(snapshot, self.config, observe=self._core_observer(), memo=self._memo)
+                with self._step("persist"):
+                    persisted = persist({r.id: r for r in rows}, decision, now)
+                    s.add_all(persisted)
+            with self._step("commit"):
+                s.commit()  # persist first: a crash from here on relaunches by allocation id, never twice
+            projects = {q.id: q.name for q in queues}
+            log_outcome([*reconciled, *enforced, *persisted], {r.id: r for r in loaded}, projects)
             for alloc_id in ended:
                 self.backend.forget(alloc_id)
-            projects = {q.id: q.name for q in queues}
             cached: dict[int, dict[str, str]] = {}
 
             def project_secrets(project_id: int) -> dict[str, str]:
@@ -184,10 +252,40 @@ class Controller:
                 return cached[project_id]
 
             levels = {q.id: q.pod_security for q in queues}
-            events, busy = act(rows, projects, nodes, self.backend, now, self._launch_all, project_secrets, levels)
-            s.add_all(events)
-            s.commit()
+            with self._step("act"):
+                events, busy = act(rows, projects, nodes, self.backend, now, self._launch_all, project_secrets, levels)
+                s.add_all(events)
+            with self._step("commit_events"):
+                s.commit()
             self.last_decision = decision
             self.last_cycle_s = time.perf_counter() - started
             self.cycles += 1
             return busy or bool(decision.evictions)
+
+
+def log_outcome(events: Iterable[EventRow], rows: Mapping[int, WorkloadRow], projects: Mapping[int, str]) -> None:
+    """One line per bind and per stop the cycle decided (once it is committed): the workload, its project, and
+    its nodes or the stop's reason code; `event` says which ("bind", "eviction" for what gpupool_evictions_total
+    counts, "stop" for the rest, a failed member). They name their cycle whichever handler writes them."""
+    cycle = current_cycle()
+    for ev in events:
+        row = rows.get(ev.workload_id)
+        if row is None or ev.code not in (EventCode.PLACED, EventCode.STOP_REQUESTED):
+            continue
+        project = projects.get(row.project_id, str(row.project_id))
+        fields: dict[str, object] = {"cycle_id": cycle, "workload_id": row.id, "workload": row.name, "project": project}
+        if ev.code == EventCode.PLACED:
+            nodes = list(ev.args.get("nodes", []))
+            extra = {**fields, "event": "bind", "nodes": nodes}
+            log.info("bind %s/%s (id %d) on %s", project, row.name, row.id, ", ".join(nodes), extra=extra)
+        else:
+            kind = "eviction" if ev.reason_code in EVICTIONS else "stop"
+            extra = {**fields, "event": kind, "reason": ev.reason_code}
+            log.info("%s of %s/%s (id %d): %s", kind, project, row.name, row.id, ev.reason_code, extra=extra)
+
+
+def _span(cycle_id: int) -> AbstractContextManager[object]:
+    if otel_trace is None:
+        return nullcontext()
+    tracer = otel_trace.get_tracer("gpupool.control")
+    return tracer.start_as_current_span("gpupool.cycle", attributes={"gpupool.cycle_id": cycle_id})
