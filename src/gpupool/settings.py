@@ -145,12 +145,10 @@ class Settings(BaseSettings):
             path = data.get(f"{name}_file")
             if path is None:
                 continue
-            if data.get(name) is not None:
-                raise ValueError(
-                    f"{what} is given twice: as {name} (GPUPOOL_{name.upper()}, the secrets dir or the config "
-                    f"file) and as {name}_file (--{name.replace('_', '-')}-file); give one"
-                )
-            data = {**data, name: read_secret_file(Path(path), f"{name}_file {path}")}
+            flag = f"--{name.replace('_', '-')}-file"
+            if data.get(name) is not None:  # from the environment, the secrets dir or a config file
+                raise ValueError(f"{what} is given twice: set GPUPOOL_{name.upper()} or give {flag}, not both")
+            data = {**data, name: read_secret_file(Path(path), f"{flag} {path}")}
         return data
 
     @model_validator(mode="after")

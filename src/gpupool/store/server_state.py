@@ -41,18 +41,19 @@ def insert_once(session: Session, name: str, value: str) -> bool:
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     stmt = insert(ServerStateRow).values(name=name, value=value, updated_at=time.time())
-    result = session.execute(stmt.on_conflict_do_nothing(index_elements=["name"]))
-    return bool(getattr(result, "rowcount", 0) == 1)
+    done = session.execute(stmt.on_conflict_do_nothing(index_elements=["name"]).returning(ServerStateRow.name))
+    return done.first() is not None  # a row back: inserted (an ORM insert's rowcount says nothing on psycopg)
 
 
 def replace(session: Session, name: str, old: str, new: str) -> bool:
     """Set the value to `new` if it is still `old`; whether it was. Not committed."""
-    result = session.execute(
+    done = session.execute(
         update(ServerStateRow)
         .where(ServerStateRow.name == name, ServerStateRow.value == old)
         .values(value=new, updated_at=time.time())
+        .returning(ServerStateRow.name)
     )
-    return bool(getattr(result, "rowcount", 0) == 1)
+    return done.first() is not None
 
 
 def get_or_create(session: Session, name: str, make: Callable[[], str]) -> str:
