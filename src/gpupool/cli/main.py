@@ -1,14 +1,96 @@
-"""The gpupool command line. It talks to the server only through gpupool.client."""
+"""The gpupool command line. It talks to the server only through gpupool.client.
+
+`pip install gpupool` is this CLI and the Python SDK. The commands that run the server or the simulator need an
+extra (gpupool[server], gpupool[sim]): they are listed at once but imported only when run, and without their extra
+they say which one to install instead of failing on an import."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from typing import NoReturn
 
 import typer
 
 from gpupool import __version__
 
+
+def _refuse(what: str, extra: str, why: str) -> NoReturn:
+    print(f"error: {what} needs gpupool's {extra} extra ({why}): pip install 'gpupool[{extra}]'", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def missing_requirements(extra: str) -> list[str]:
+    """The requirements of `extra` that are not installed, read from gpupool's own metadata (so pyproject.toml is
+    the one list). None are known missing when gpupool runs from a source tree without metadata: the import then
+    tells."""
+    try:
+        requires = metadata.requires("gpupool") or []
+    except metadata.PackageNotFoundError:
+        return []
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    missing = []
+    for line in requires:
+        req = Requirement(line)
+        # An extra that brings another (postgres brings server) names gpupool itself: that one is checked on its own.
+        if req.marker is None or not req.marker.evaluate({"extra": extra}) or canonicalize_name(req.name) == "gpupool":
+            continue
+        try:
+            installed = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            missing.append(req.name)
+            continue
+        if not req.specifier.contains(installed, prereleases=True):
+            missing.append(f"{req.name}{req.specifier} (have {installed})")
+    return missing
+
+
+@contextmanager
+def _needs(extra: str, what: str) -> Iterator[None]:
+    """Imports in the block that fail for want of a third-party module name the extra that brings it."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] == "gpupool":
+            raise
+        _refuse(what, extra, f"no module named {e.name!r}")
+
+
+def _run_extra(ctx: typer.Context, extra: str, load: Callable[[], typer.Typer]) -> None:
+    """Run the command of an extra with this command's arguments, once the extra is known to be installed."""
+    what = ctx.command_path
+    missing = missing_requirements(extra)
+    if missing:
+        _refuse(what, extra, "missing " + ", ".join(missing))
+    with _needs(extra, what):
+        command = load()
+    command(args=ctx.args, prog_name=what)
+
+
+def _server_app() -> typer.Typer:
+    from gpupool.cli import server_cmd
+
+    single = typer.Typer(add_completion=False)
+    single.command()(server_cmd.server)
+    return single
+
+
+def _simulate_app() -> typer.Typer:
+    from gpupool.cli import simulate
+
+    # The simulator's own modules, so that a missing numpy shows here rather than halfway through a command.
+    from gpupool.sim import org, packing_report  # noqa: F401
+
+    return simulate.app
+
+
 app = typer.Typer(help="gpupool: a self-service internal GPU cloud.", no_args_is_help=True, add_completion=False)
+# An extra's command takes every argument as it comes (--help too) and hands them to the real command once loaded.
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 @app.callback()
@@ -22,19 +104,31 @@ def version() -> None:
     typer.echo(__version__)
 
 
+@app.command(context_settings=_PASS_THROUGH, add_help_option=False)
+def server(ctx: typer.Context) -> None:
+    """Start the gpupool server: API, scheduler, store and this host's GPUs. Needs the server extra."""
+    _run_extra(ctx, "server", _server_app)
+
+
+@app.command("simulate", context_settings=_PASS_THROUGH, add_help_option=False)
+def simulate_(ctx: typer.Context) -> None:
+    """Replay public GPU-cluster traces through gpupool's scheduler. Needs the sim extra."""
+    _run_extra(ctx, "sim", _simulate_app)
+
+
 @app.command()
 def policies() -> None:
-    """List the placement scoring policies the scheduler knows."""
-    from gpupool.core import policy_names
+    """List the placement scoring policies the scheduler knows. Needs the server extra."""
+    with _needs("server", "gpupool policies"):
+        from gpupool.core import policy_names
 
     for name in policy_names():
         typer.echo(name)
 
 
 def _register() -> None:
-    from gpupool.cli import access, admin, policy, pools, server_cmd, simulate, workloads
+    from gpupool.cli import access, admin, policy, pools, workloads
 
-    app.command()(server_cmd.server)
     app.command()(admin.login)
     app.command()(admin.whoami)
     app.add_typer(admin.department_app, name="department")
@@ -59,7 +153,6 @@ def _register() -> None:
     app.command()(workloads.resume)
     app.command("open")(workloads.open_)
     app.command()(workloads.nodes)
-    app.add_typer(simulate.app, name="simulate")
 
 
 _register()

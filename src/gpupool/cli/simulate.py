@@ -10,7 +10,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-app = typer.Typer(help="Replay public GPU-cluster traces through gpupool's scheduler.", no_args_is_help=True)
+app = typer.Typer(
+    help="Replay public GPU-cluster traces through gpupool's scheduler.", no_args_is_help=True, add_completion=False
+)
 err = Console(stderr=True)
 
 
