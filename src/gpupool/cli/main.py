@@ -22,7 +22,7 @@ def _refuse(what: str, extra: str, why: str) -> NoReturn:
     raise SystemExit(1)
 
 
-def missing_requirements(extra: str) -> list[str]:
+def _missing_requirements(extra: str) -> list[str]:
     """The requirements of `extra` that are not installed, read from gpupool's own metadata (so pyproject.toml is
     the one list). None are known missing when gpupool runs from a source tree without metadata: the import then
     tells."""
@@ -63,7 +63,7 @@ def _needs(extra: str, what: str) -> Iterator[None]:
 def _run_extra(ctx: typer.Context, extra: str, load: Callable[[], typer.Typer]) -> None:
     """Run the command of an extra with this command's arguments, once the extra is known to be installed."""
     what = ctx.command_path
-    missing = missing_requirements(extra)
+    missing = _missing_requirements(extra)
     if missing:
         _refuse(what, extra, "missing " + ", ".join(missing))
     with _needs(extra, what):
