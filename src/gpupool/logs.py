@@ -68,8 +68,9 @@ def json_formatter() -> logging.Formatter:
 
 
 def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | None = None) -> logging.Handler:
-    """Replace the root logger's handlers with one that writes `fmt` ("text" or "json") at `level` to `stream`
-    (stderr by default). Returns the handler. Raises ValueError, naming the choices, for anything else."""
+    """Log at `level` through one root handler that writes `fmt` ("text" or "json") to `stream` (stderr by
+    default); a second call replaces the first's handler, and handlers others added stay. Returns the handler.
+    Raises ValueError, naming the choices, for a format or level it does not know."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown log format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     if level.lower() not in LEVELS:
@@ -78,8 +79,9 @@ def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | N
     handler.setFormatter(json_formatter() if fmt == "json" else TextFormatter())
     handler.addFilter(CycleFilter())
     root = logging.getLogger()
-    for old in list(root.handlers):
+    for old in [h for h in root.handlers if getattr(h, "gpupool", False)]:
         root.removeHandler(old)
+    handler.gpupool = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level.upper())
     for name, quiet in _QUIET.items():

@@ -30,6 +30,7 @@ class Cluster:
         self.api, self.clock = api, clock
         self.controller = api.ctx.controller
         self.controller.clock = clock
+        self.controller.telemetry_interval_s = 1.0  # a sample in every cycle: they are a second apart or more
 
     def http(self, method: str, path: str, body: Any = None, token: str | None = None) -> httpx.Response:
         async def go() -> httpx.Response:
