@@ -1,5 +1,8 @@
 """A real Kubernetes control plane on 127.0.0.1 for the tests: etcd, kube-apiserver and kwok (playing every
-kubelet), built from the Go module proxy by scripts/build-k8s. No kube-scheduler: gpupool binds pods itself."""
+kubelet), built from the Go module proxy by scripts/build-k8s. No kube-scheduler: gpupool binds pods itself.
+
+kwok serves the kubelet API (pod logs) on this machine's own address, not loopback: the API server refuses to
+proxy to loopback. Pods in LOG_NAMESPACE all print the one file `container_log` (CRI log format), followed."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +18,23 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = Path(__file__).with_name("kwok-stages.yaml")
+LOG_NAMESPACE = "gpupool-logs"
 
 
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def host_ip() -> str:
+    """This machine's address on its first route off loopback (no packet is sent; 127.0.0.1 where none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
 
 
 def binaries() -> Path:
@@ -30,13 +45,18 @@ def binaries() -> Path:
 
 
 class Cluster:
-    def __init__(self, root: Path, bin_dir: Path) -> None:
+    def __init__(self, root: Path, bin_dir: Path, apiserver_args: Sequence[str] = ()) -> None:
         self.root = root
         self.bin = bin_dir
         self.procs: list[subprocess.Popen[bytes]] = []
         self.port = _port()
+        self.etcd_port = _port()
         self.kubeconfig = root / "kubeconfig"
         self.token = "gpupool-test-token"
+        self.apiserver_args = tuple(apiserver_args)
+        self.host = host_ip()
+        """Where kwok's kubelet API listens, and an address the API server will proxy to."""
+        self.container_log = root / "container.log"
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - kept for the process's life
@@ -44,7 +64,7 @@ class Cluster:
 
     def start(self) -> Cluster:
         r = self.root
-        etcd_port, peer_port = _port(), _port()
+        etcd_port, peer_port = self.etcd_port, _port()
         self._spawn(
             "etcd",
             [
@@ -90,6 +110,7 @@ class Cluster:
                 "--service-cluster-ip-range=10.0.0.0/16",
                 "--disable-admission-plugins=ServiceAccount",
                 "--enable-priority-and-fairness=false",
+                *self.apiserver_args,
             ],
         )
         self.kubeconfig.write_text(
@@ -110,6 +131,23 @@ class Cluster:
             )
         )
         self._wait_ready()
+        kubelet_port = _port()
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=kwok",
+             "-addext", f"subjectAltName=IP:{self.host}", "-keyout", str(r / "kwok.key"), "-out", str(r / "kwok.crt")],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self.container_log.touch()
+        logs = {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "ClusterLogs",
+            "metadata": {"name": "container-log"},
+            "spec": {
+                "selector": {"matchNamespaces": [LOG_NAMESPACE]},
+                "logs": [{"logsFile": str(self.container_log), "follow": True}],
+            },
+        }
+        (r / "kwok.yaml").write_text(STAGES.read_text() + "\n---\n" + yaml.safe_dump(logs))
         self._spawn(
             "kwok",
             [
@@ -117,8 +155,12 @@ class Cluster:
                 f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                f"--config={STAGES}",
-                f"--server-address=127.0.0.1:{_port()}",
+                f"--config={r / 'kwok.yaml'}",
+                f"--node-ip={self.host}",
+                f"--node-port={kubelet_port}",
+                f"--server-address={self.host}:{kubelet_port}",
+                f"--tls-cert-file={r / 'kwok.crt'}",
+                f"--tls-private-key-file={r / 'kwok.key'}",
             ],
         )
         return self

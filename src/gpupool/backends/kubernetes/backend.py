@@ -5,21 +5,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.backends.base import AppEndpoint, Capabilities, LaunchSpec, Observed, Sample
+from gpupool.backends.kubernetes.dcgm import DcgmScraper, DcgmSettings, PodIndex, to_sample
+from gpupool.backends.kubernetes.logs import follow
 from gpupool.backends.kubernetes.manifests import (
-    ALLOC,
     DEVICES,
     MANAGED,
+    MEMBER,
     PSA_ENFORCE,
-    RESERVATION,
     SECRETS,
     SYSTEM_NAMESPACE,
     UID_BASE,
+    WORKLOAD_ID,
     check_level,
     gang_service_manifest,
     namespace_for,
@@ -30,6 +32,7 @@ from gpupool.backends.kubernetes.manifests import (
     reservation_manifest,
     secrets_manifest,
 )
+from gpupool.backends.kubernetes.podwatch import PodWatch
 from gpupool.core import Node
 
 log = logging.getLogger("gpupool.kubernetes")
@@ -46,6 +49,16 @@ class KubeSettings:
     """A node NotReady this long (or deleted) sends its workloads back to the queue."""
     uid_base: int = UID_BASE
     """Project p's restricted pods run as uid = gid = uid_base + p."""
+    watch_timeout_s: int = 60
+    """How long one watch request runs before the API server ends it; the watch then resumes, with no list."""
+    stale_after_s: float = 30.0
+    """A pod watch failing this long makes the view stale: observe() then concludes nothing."""
+    unseen_for_s: float = 120.0
+    """How long a pod launch() created counts as alive before the watch has shown it."""
+    sync_wait_s: float = 30.0
+    """How long starting waits for the first list (observe() says "not synced" until it is done)."""
+    dcgm: DcgmSettings | None = field(default_factory=DcgmSettings)
+    """Where GPU telemetry comes from (NVIDIA's DCGM exporter); None: no telemetry."""
 
 
 class KubernetesBackend:
@@ -66,33 +79,29 @@ class KubernetesBackend:
         api = client.ApiClient(cfg)
         self.core: Any = client.CoreV1Api(api)
         self._client = client
-        self._on_change = on_change
+        self._to_dict: Callable[[Any], dict[str, Any]] = api.sanitize_for_serialization
         self._lock = threading.Lock()
-        self._pods: dict[str, dict[str, Any]] = {}
-        """alloc id → pod (as a dict), kept by the watch."""
-        self._reservations: dict[tuple[str, int], str] = {}
-        self._launching: dict[tuple[str, int], set[str]] = {}
-        """Devices whose sharer pods are being created, until the watch shows them."""
-        self._forgotten: set[str] = set()
+        """Guards what inventory() learns of nodes; the pods have the watch's lock."""
         self._namespaces: dict[str, str] = {}
         """Namespace → the Pod Security level its labels are known to enforce."""
         self._not_ready_since: dict[str, float] = {}
-        self._nodes: dict[str, dict[str, Any]] = {}
+        self._known_nodes: set[str] | None = None
+        self._models: dict[str, str] = {}
         self._background = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpupool-kube-delete")
-        self._stopping = threading.Event()
-        self._synced = threading.Event()
-        self._thread = threading.Thread(target=self._watch_pods, name="gpupool-kube-watch", daemon=True)
-        self._thread.start()
-        self._synced.wait(30)
+        self.watch = PodWatch(
+            self.core, on_change, timeout_s=settings.watch_timeout_s, stale_after_s=settings.stale_after_s,
+            unseen_for_s=settings.unseen_for_s,
+        )  # fmt: skip
+        self.watch.start(settings.sync_wait_s)
+        self._dcgm = DcgmScraper(self.core, settings.dcgm) if settings.dcgm is not None else None
 
     # -- nodes ---------------------------------------------------------------------------------------------
     def inventory(self) -> list[Node]:
         now = time.monotonic()
-        nodes = self.core.list_node().to_dict()["items"]
         out = []
         seen = set()
-        for obj in nodes:
-            obj = _camel(obj)
+        for item in self.core.list_node().items:
+            obj = self._to_dict(item)
             name = obj["metadata"]["name"]
             seen.add(name)
             if ready(obj):
@@ -103,7 +112,7 @@ class KubernetesBackend:
             if node is not None and node.devices:
                 out.append(node)
         with self._lock:
-            self._nodes = {n.name: {} for n in out}
+            self._models = {n.name: n.devices[0].model for n in out}
             for gone in set(self._not_ready_since) - seen:
                 del self._not_ready_since[gone]
             self._known_nodes = seen
@@ -125,6 +134,8 @@ class KubernetesBackend:
             self._put_secrets(ns, spec.secrets)
         body = pod_manifest(spec, ns, self.settings.default_image, self.settings.uid_base)
         self._create(lambda: self.core.create_namespaced_pod(ns, body))
+        # Until the watch shows it, the pod is alive by our word: a cycle right now must not take it for gone.
+        self.watch.launched(spec.alloc_id, body["metadata"]["name"], ns)
 
     def _put_secrets(self, ns: str, values: dict[str, str]) -> None:
         """The project's Secret as it is now (values set since its last launch included)."""
@@ -136,26 +147,39 @@ class KubernetesBackend:
                 raise
             self._create(lambda: self.core.create_namespaced_secret(ns, body))
 
+    def _where(self, alloc_id: str) -> tuple[str, str] | None:
+        """The name and namespace of an allocation's pod, whether or not the watch has shown it yet."""
+        with self.watch.lock:
+            pod = self.watch.pods.get(alloc_id)
+            unseen = self.watch.unseen.get(alloc_id)
+        if pod is not None:
+            return pod["metadata"]["name"], pod["metadata"]["namespace"]
+        return (unseen.name, unseen.namespace) if unseen is not None else None
+
     def stop(self, alloc_id: str, force: bool) -> None:
-        with self._lock:
-            pod = self._pods.get(alloc_id)
-        if pod is None:
+        where = self._where(alloc_id)
+        if where is None:
             return
-        meta = pod["metadata"]
         grace = 0 if force else None
         try:
-            self.core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=grace)
+            self.core.delete_namespaced_pod(*where, grace_period_seconds=grace)
         except self._client.ApiException as e:
             if e.status != 404:
                 raise
 
-    def observe(self) -> dict[str, Observed]:
-        with self._lock:
-            pods = dict(self._pods)
-            known = getattr(self, "_known_nodes", None)
-            not_ready = dict(self._not_ready_since)
+    def observe(self) -> dict[str, Observed] | None:
         now = time.monotonic()
-        out: dict[str, Observed] = {}
+        if not self.watch.fresh(now):
+            return None  # not listed yet, or the watch has been failing too long: absence proves nothing
+        with self.watch.lock:
+            pods = dict(self.watch.pods)
+            for alloc in [a for a, u in self.watch.unseen.items() if u.until <= now]:
+                del self.watch.unseen[alloc]
+            unseen = set(self.watch.unseen)
+        with self._lock:
+            known = self._known_nodes
+            not_ready = dict(self._not_ready_since)
+        out: dict[str, Observed] = {alloc: Observed(alloc, True) for alloc in unseen}
         for alloc, pod in pods.items():
             node = pod["spec"].get("nodeName", "")
             lost = (known is not None and node not in known) or (
@@ -176,12 +200,12 @@ class KubernetesBackend:
 
     def forget(self, alloc_id: str) -> None:
         """Delete an ended member's pod in the background: the loop need not wait on the API server for it."""
-        with self._lock:
-            pod = self._pods.get(alloc_id)
-        if pod is not None:
-            self._background.submit(self._delete, pod["metadata"]["name"], pod["metadata"]["namespace"])
-        with self._lock:
-            self._forgotten.add(alloc_id)
+        where = self._where(alloc_id)
+        if where is not None:
+            self._background.submit(self._delete, *where)
+        with self.watch.lock:
+            self.watch.forgotten.add(alloc_id)
+            self.watch.unseen.pop(alloc_id, None)
         self._release_unused()
 
     def _delete(self, name: str, namespace: str) -> None:
@@ -191,39 +215,88 @@ class KubernetesBackend:
             if e.status != 404:
                 log.warning("deleting pod %s/%s failed: %s", namespace, name, e.reason)
 
-    def read_log(self, workload_id: int, rank: int, offset: int, limit: int) -> bytes:
-        with self._lock:
+    # -- logs ----------------------------------------------------------------------------------------------
+    def _member_pod(self, workload_id: int, rank: int) -> tuple[str, str, str] | None:
+        """(allocation, pod name, namespace) of the member's latest attempt."""
+        with self.watch.lock:
             pods = [
-                p for p in self._pods.values()
-                if p["metadata"]["labels"].get("gpupool.io/workload-id") == str(workload_id)
-                and p["metadata"]["labels"].get("gpupool.io/member") == str(rank)
+                (int(labels.get("gpupool.io/attempt", "0")), alloc, p["metadata"])
+                for alloc, p in self.watch.pods.items()
+                if (labels := p["metadata"].get("labels") or {}).get(WORKLOAD_ID) == str(workload_id)
+                and labels.get(MEMBER) == str(rank)
             ]  # fmt: skip
         if not pods:
+            return None
+        _, alloc, meta = max(pods, key=lambda p: (p[0], p[1]))
+        return alloc, meta["name"], meta["namespace"]
+
+    def read_log(self, workload_id: int, rank: int, offset: int, limit: int) -> bytes:
+        member = self._member_pod(workload_id, rank)
+        if member is None:
             return b""
-        meta = pods[-1]["metadata"]
-        try:
-            text = self.core.read_namespaced_pod_log(meta["name"], meta["namespace"])
+        _, name, ns = member
+        try:  # only as far as asked for: the kubelet stops there
+            response = self.core.read_namespaced_pod_log(name, ns, limit_bytes=offset + limit, _preload_content=False)
         except self._client.ApiException:
             return b""
-        return str(text).encode()[offset : offset + limit]
+        return bytes(response.data)[offset : offset + limit]
 
+    def follow_log(self, workload_id: int, rank: int, offset: int) -> Iterator[bytes]:
+        """The member's output from byte `offset`, as it is written, until it ends; nothing while it has no
+        pod or its container has not started (the caller then polls again)."""
+        member = self._member_pod(workload_id, rank)
+        if member is None:
+            return iter(())
+        alloc, name, ns = member
+
+        def open_stream() -> Any:
+            return self.core.read_namespaced_pod_log(name, ns, follow=True, _preload_content=False)
+
+        def ended() -> bool:
+            with self.watch.lock:
+                pod = self.watch.pods.get(alloc)
+            phase = ((pod or {}).get("status") or {}).get("phase")
+            return pod is None or phase in ("Succeeded", "Failed") or bool(pod["metadata"].get("deletionTimestamp"))
+
+        return follow(open_stream, offset, ended)
+
+    # -- apps and telemetry --------------------------------------------------------------------------------
     def healthy(self, alloc_id: str, port: int | None) -> bool:
-        with self._lock:
-            pod = self._pods.get(alloc_id)
+        with self.watch.lock:
+            pod = self.watch.pods.get(alloc_id)
         return pod is not None and ready(pod)
 
     def app_endpoint(self, alloc_id: str, port: int | None) -> AppEndpoint | None:
         """The pod's own address: the server must reach the pod network (it runs in the cluster)."""
-        with self._lock:
-            pod = self._pods.get(alloc_id)
+        with self.watch.lock:
+            pod = self.watch.pods.get(alloc_id)
         ip = ((pod or {}).get("status") or {}).get("podIP")
         return AppEndpoint(host=str(ip), port=port) if ip and port is not None else None
 
     def sample(self) -> Sample:
-        return Sample({}, (), modelled=False)
+        if self._dcgm is None:
+            return Sample({}, (), modelled=False)
+        readings = self._dcgm.readings()
+        members: dict[tuple[str, str], str] = {}
+        sharers: dict[tuple[str, int], dict[str, int]] = {}
+        with self.watch.lock:
+            for alloc, pod in self.watch.pods.items():
+                if (pod.get("status") or {}).get("phase") != "Running":
+                    continue
+                meta = pod["metadata"]
+                members[(meta["namespace"], meta["name"])] = alloc
+                for index, milli in _devices(pod):
+                    if milli < 1000:
+                        sharers.setdefault((pod["spec"].get("nodeName", ""), index), {})[alloc] = milli
+            reservations = {name: key for key, name in self.watch.reservations.items()}
+        with self._lock:
+            models = dict(self._models)
+        return to_sample(readings, PodIndex(members, reservations, sharers, models), SYSTEM_NAMESPACE)
 
     def close(self) -> None:
-        self._stopping.set()
+        self.watch.stop()
+        if self._dcgm is not None:
+            self._dcgm.close()
         self._background.shutdown(wait=False)
 
     # -- internals -----------------------------------------------------------------------------------------
@@ -258,93 +331,34 @@ class KubernetesBackend:
         self._namespaces[ns] = level
 
     def _reserve(self, node: str, index: int, alloc_id: str) -> None:
-        with self._lock:
-            self._launching.setdefault((node, index), set()).add(alloc_id)
+        with self.watch.lock:
+            self.watch.launching.setdefault((node, index), set()).add(alloc_id)
         self._ensure_namespace(SYSTEM_NAMESPACE, "restricted")
         body = reservation_manifest(node, index, self.settings.default_image)
         self._create(lambda: self.core.create_namespaced_pod(SYSTEM_NAMESPACE, body))
 
     def _release_unused(self) -> None:
         """A reservation goes when the last sharer of its device has gone."""
-        with self._lock:
+        w = self.watch
+        with w.lock:
             # Sharers being launched right now are not in the watch's view yet; their devices stay reserved.
-            in_use = {key for key, allocs in self._launching.items() if allocs}
-            for alloc, pod in self._pods.items():
+            in_use = {key for key, allocs in w.launching.items() if allocs}
+            for alloc, pod in w.pods.items():
                 phase = (pod.get("status") or {}).get("phase")
-                if (
-                    pod["metadata"].get("deletionTimestamp")
-                    or alloc in self._forgotten
-                    or phase in ("Succeeded", "Failed")
-                ):
+                if pod["metadata"].get("deletionTimestamp") or alloc in w.forgotten or phase in ("Succeeded", "Failed"):
                     continue
                 node = pod["spec"].get("nodeName", "")
-                for part in filter(None, (pod["metadata"].get("annotations") or {}).get(DEVICES, "").split(",")):
-                    index, milli = part.split(":")
-                    if int(milli) < 1000:
-                        in_use.add((node, int(index)))
-            held = dict(self._reservations)
+                in_use.update((node, index) for index, milli in _devices(pod) if milli < 1000)
+            held = dict(w.reservations)
         for (node, index), name in held.items():
             if (node, index) not in in_use:
                 self._delete(name, SYSTEM_NAMESPACE)
 
-    def _apply_event(self, kind: str, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
-        labels = meta.get("labels") or {}
-        with self._lock:
-            if labels.get(RESERVATION) == "true":
-                key = (
-                    (meta.get("annotations") or {}).get("gpupool.io/node-name", ""),
-                    int(labels["gpupool.io/device"]),
-                )
-                if kind == "DELETED":
-                    self._reservations.pop(key, None)
-                else:
-                    self._reservations[key] = meta["name"]
-                return
-            alloc = (meta.get("annotations") or {}).get(ALLOC)
-            if not alloc:
-                return
-            if kind == "DELETED":
-                self._pods.pop(alloc, None)
-                self._forgotten.discard(alloc)
-            else:
-                self._pods[alloc] = pod
-                for allocs in self._launching.values():
-                    allocs.discard(alloc)
 
-    def _watch_pods(self) -> None:
-        """List, then watch from the list's resourceVersion; on 410 Gone (or any break) list again."""
-        import kubernetes
-
-        watch: Any = kubernetes.watch
-        while not self._stopping.is_set():
-            try:
-                listing = self.core.list_pod_for_all_namespaces(label_selector=f"{MANAGED}=true")
-                with self._lock:
-                    self._pods.clear()
-                    self._reservations.clear()
-                for item in listing.items:
-                    self._apply_event("ADDED", _camel(item.to_dict()))
-                self._synced.set()
-                self._on_change()
-                rv = listing.metadata.resource_version
-                w = watch.Watch()
-                for event in w.stream(
-                    self.core.list_pod_for_all_namespaces,
-                    label_selector=f"{MANAGED}=true",
-                    resource_version=rv,
-                    timeout_seconds=60,
-                ):
-                    if self._stopping.is_set():
-                        return
-                    obj = event["object"]
-                    if event["type"] == "ERROR":
-                        break  # usually 410 Gone: the version is too old; list again
-                    self._apply_event(event["type"], _camel(obj.to_dict()))
-                    self._on_change()
-            except Exception:  # the API server restarted or the connection dropped: list again shortly
-                log.warning("pod watch interrupted; listing again", exc_info=True)
-                self._stopping.wait(1.0)
+def _devices(pod: dict[str, Any]) -> list[tuple[int, int]]:
+    """(device index, milli-GPU) of each device granted, from the pod's annotation."""
+    text = (pod["metadata"].get("annotations") or {}).get(DEVICES, "")
+    return [(int(i), int(m)) for i, m in (part.split(":") for part in text.split(",") if part)]
 
 
 def _exit_code(pod: dict[str, Any], default: int) -> int | None:
@@ -353,30 +367,3 @@ def _exit_code(pod: dict[str, Any], default: int) -> int | None:
         if "exitCode" in term:
             return int(term["exitCode"])
     return default
-
-
-_SNAKE = {
-    "node_name": "nodeName", "deletion_timestamp": "deletionTimestamp", "container_statuses": "containerStatuses",
-    "exit_code": "exitCode", "resource_version": "resourceVersion",
-}  # fmt: skip
-
-
-def _camel(obj: Any) -> Any:
-    """The client's to_dict() speaks snake_case; the manifests module reads the API's own camelCase keys."""
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            key = _SNAKE.get(k) or (k if "_" not in k or k.startswith("_") else _to_camel(k))
-            if k in ("labels", "annotations", "allocatable", "capacity", "limits", "requests"):
-                out[key] = v
-            else:
-                out[key] = _camel(v)
-        return out
-    if isinstance(obj, list):
-        return [_camel(v) for v in obj]
-    return obj
-
-
-def _to_camel(key: str) -> str:
-    head, *rest = key.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from gpupool.backends.base import LaunchSpec
 from gpupool.core import Device, Node
+from kubernetes import utils as kube_utils
 
 GPU = "nvidia.com/gpu"
 PRODUCT = "nvidia.com/gpu.product"
@@ -56,17 +58,16 @@ def device_uuid(node: str, index: int) -> str:
     return f"GPU-{dns(node, 40)}-{index}"
 
 
-def parse_quantity_mib(value: str) -> int:
-    m = re.match(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$", value.strip())
-    if not m:
+_parse: Callable[[object], Decimal] = kube_utils.parse_quantity
+"""The client's own reading of Kubernetes quantities (it is untyped)."""
+
+
+def _quantity(value: object, scale: int) -> int:
+    """A resource quantity ("96", "500m", "1Ti") in units of 1/scale, rounded down; 0 where it is not one."""
+    try:
+        return int(_parse(value) * scale)
+    except ValueError:
         return 0
-    scale = {None: 1 / (1024 * 1024), "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024,
-             "K": 1000 / 1048576, "M": 1e6 / 1048576, "G": 1e9 / 1048576, "T": 1e12 / 1048576}[m.group(2)]  # fmt: skip
-    return int(int(m.group(1)) * scale)
-
-
-def parse_cpu_milli(value: str) -> int:
-    return int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)
 
 
 def node_from(obj: Mapping[str, Any], pool_label: str, not_ready: bool) -> Node | None:
@@ -90,8 +91,8 @@ def node_from(obj: Mapping[str, Any], pool_label: str, not_ready: bool) -> Node 
     return Node(
         name=meta["name"],
         pool=str(labels.get(pool_label, "default")),
-        cpu_milli=parse_cpu_milli(str(alloc.get("cpu", "0"))),
-        memory_mib=parse_quantity_mib(str(alloc.get("memory", "0"))),
+        cpu_milli=_quantity(alloc.get("cpu", "0"), 1000),
+        memory_mib=_quantity(alloc.get("memory", "0"), 1) // (1024 * 1024),
         devices=tuple(Device(i, model, memory) for i in range(count)),
         schedulable=schedulable,
     )

@@ -1,0 +1,217 @@
+"""gpupool's view of its pods: listed once, then kept current by a watch that resumes where it left off.
+
+The list is the expensive part (every managed pod in the cluster), so it happens once, and again only when the
+API server says the view's resourceVersion is too old to resume from (410 Gone). A watch that ends normally
+(the server's timeout) is resumed from the last resourceVersion it saw, kept fresh by bookmarks. A new list
+is built apart and swapped in whole: a reader never sees a half-filled view.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.backends.kubernetes.manifests import ALLOC, MANAGED, RESERVATION
+
+log = logging.getLogger("gpupool.kubernetes")
+GONE = 410
+SELECTOR = f"{MANAGED}=true"
+
+
+@dataclass(frozen=True, slots=True)
+class Unseen:
+    """A pod launch() created that the watch has not shown yet."""
+
+    name: str
+    namespace: str
+    until: float
+    """Monotonic time after which it is no longer presumed alive (it was deleted before the watch saw it)."""
+
+
+def reservation_key(pod: dict[str, Any]) -> tuple[str, int] | None:
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
+    if labels.get(RESERVATION) != "true":
+        return None
+    return (meta.get("annotations") or {}).get("gpupool.io/node-name", ""), int(labels["gpupool.io/device"])
+
+
+class PodWatch:
+    """The pods and device reservations gpupool made, by allocation id and by (node, device), with what the
+    backend remembers about them between events. `lock` guards every field here."""
+
+    def __init__(
+        self,
+        core: Any,
+        on_change: Callable[[], None],
+        *,
+        timeout_s: int = 60,
+        stale_after_s: float = 30.0,
+        unseen_for_s: float = 120.0,
+    ) -> None:
+        import kubernetes
+
+        k8s: Any = kubernetes
+        self._k8s = k8s
+        self._core = core
+        self._on_change = on_change
+        self._timeout_s = timeout_s
+        self._stale_after_s = stale_after_s
+        self.unseen_for_s = unseen_for_s
+        self._to_dict: Callable[[Any], dict[str, Any]] = k8s.client.ApiClient().sanitize_for_serialization
+        self.lock = threading.Lock()
+        self.pods: dict[str, dict[str, Any]] = {}
+        """Allocation id → its pod, as the API server writes it (camelCase keys)."""
+        self.reservations: dict[tuple[str, int], str] = {}
+        """(node, device) → the name of the pod holding the whole device for its sharers."""
+        self.launching: dict[tuple[str, int], set[str]] = {}
+        """Devices whose sharer pods are being created, until the watch shows them."""
+        self.unseen: dict[str, Unseen] = {}
+        self.forgotten: set[str] = set()
+        self.lists = 0
+        """Full lists made (the first, and one per 410 Gone)."""
+        self.watches = 0
+        """Watch requests the API server accepted (each resumes from the last resourceVersion)."""
+        self.resource_version: str | None = None
+        self._synced = False
+        self._failing_since: float | None = None
+        self._stopping = threading.Event()
+        self._stream: Any = None
+        self._thread = threading.Thread(target=self._run, name="gpupool-kube-watch", daemon=True)
+
+    def start(self, wait_s: float) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + wait_s
+        while not self.synced() and time.monotonic() < deadline and self._thread.is_alive():
+            self._stopping.wait(0.05)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        stream = self._stream
+        if stream is not None:
+            stream.stop()
+
+    def synced(self) -> bool:
+        with self.lock:
+            return self._synced
+
+    def fresh(self, now: float) -> bool:
+        """Whether absence from the view means a pod is gone: the first list is done, and the watch has not
+        been failing for longer than the bound (until then, what it holds is at worst a little late)."""
+        with self.lock:
+            return self._synced and (self._failing_since is None or now - self._failing_since < self._stale_after_s)
+
+    def launched(self, alloc: str, name: str, namespace: str) -> None:
+        with self.lock:
+            if alloc not in self.pods:
+                self.unseen[alloc] = Unseen(name, namespace, time.monotonic() + self.unseen_for_s)
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        api_exception = self._k8s.client.ApiException
+        while not self._stopping.is_set():
+            try:
+                if self.resource_version is None:
+                    self._relist()
+                self._follow()
+            except api_exception as e:
+                if e.status == GONE:
+                    log.info("pod watch: version %s is too old (410 Gone); listing again", self.resource_version)
+                    self.resource_version = None
+                else:
+                    self._failed(e)
+            except Exception as e:  # the API server restarted or the connection dropped: resume shortly
+                self._failed(e)
+
+    def _failed(self, error: Exception) -> None:
+        if self._stopping.is_set():
+            return
+        with self.lock:
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
+        log.warning("pod watch interrupted (%s); resuming", type(error).__name__, exc_info=True)
+        self._stopping.wait(1.0)
+
+    def _relist(self) -> None:
+        listing = self._core.list_pod_for_all_namespaces(label_selector=SELECTOR)
+        pods: dict[str, dict[str, Any]] = {}
+        reservations: dict[tuple[str, int], str] = {}
+        for item in listing.items:  # built apart: readers keep the old view until the swap
+            pod = self._to_dict(item)
+            key = reservation_key(pod)
+            if key is not None:
+                reservations[key] = pod["metadata"]["name"]
+            elif alloc := (pod["metadata"].get("annotations") or {}).get(ALLOC):
+                pods[alloc] = pod
+        with self.lock:
+            self.pods, self.reservations = pods, reservations
+            for alloc in pods:
+                self._seen(alloc)
+            self.forgotten &= pods.keys()
+            self.lists += 1
+            self._synced = True
+            self._failing_since = None
+        self.resource_version = listing.metadata.resource_version
+        self._on_change()
+
+    def _follow(self) -> None:
+        """One watch request, from the last resourceVersion, until the server ends it (normally: its timeout)."""
+        w = self._k8s.watch.Watch()
+        self._stream = w
+        list_pods = self._core.list_pod_for_all_namespaces
+
+        @functools.wraps(list_pods)  # the watch reads the return type from what it wraps
+        def connect(*args: Any, **kwargs: Any) -> Any:
+            response = list_pods(*args, **kwargs)
+            with self.lock:  # the server answered: the view is live again
+                self._failing_since = None
+                self.watches += 1
+            return response
+
+        if self._stopping.is_set():
+            return
+        for event in w.stream(
+            connect,
+            label_selector=SELECTOR,
+            resource_version=self.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._timeout_s,
+        ):
+            if self._stopping.is_set():
+                return
+            if event["type"] != "BOOKMARK":
+                self._apply(event["type"], self._to_dict(event["object"]))
+            if w.resource_version:
+                self.resource_version = w.resource_version
+            if event["type"] != "BOOKMARK":
+                self._on_change()
+
+    def _apply(self, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        with self.lock:
+            key = reservation_key(pod)
+            if key is not None:
+                if kind == "DELETED":
+                    self.reservations.pop(key, None)
+                else:
+                    self.reservations[key] = meta["name"]
+                return
+            alloc = (meta.get("annotations") or {}).get(ALLOC)
+            if not alloc:
+                return
+            if kind == "DELETED":
+                self.pods.pop(alloc, None)
+                self.forgotten.discard(alloc)
+            else:
+                self.pods[alloc] = pod
+            self._seen(alloc)
+
+    def _seen(self, alloc: str) -> None:
+        self.unseen.pop(alloc, None)
+        for allocs in self.launching.values():
+            allocs.discard(alloc)
