@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -106,7 +106,7 @@ class Settings(BaseSettings):
     oidc_roles: tuple[str, ...] = ()
     """GROUP=admin, GROUP=department:NAME:ROLE or GROUP=project:NAME:ROLE (gpupool.services.oidc_roles)."""
     oidc_groups_claim: str = Field("groups", min_length=1, max_length=255)
-    session_secret: SecretStr | None = Field(None, min_length=32, max_length=1024)
+    session_secret: SecretStr | None = None
     """The key that signs the values a browser keeps between the halves of a single sign-on. None: the one
     the store made on first start, shared by every server on the store; set it to pin (or rotate) it."""
     session_secret_file: Path | None = None
@@ -150,6 +150,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"{what} is given twice: set GPUPOOL_{name.upper()} or give {flag}, not both")
             data = {**data, name: read_secret_file(Path(path), f"{flag} {path}")}
         return data
+
+    @field_validator("session_secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not 32 <= len(value.get_secret_value()) <= 1024:
+            raise ValueError("a session secret has 32 to 1024 characters")
+        return value
 
     @model_validator(mode="after")
     def _edges(self) -> Settings:
@@ -219,6 +226,8 @@ def config_file(settings_cls: type[BaseSettings], path: Path) -> InitSettingsSou
             data = source.yaml_data
     except (yaml.YAMLError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{where}: not valid {'TOML' if suffix == '.toml' else 'YAML'}: {_first_line(e)}") from None
+    except (ValueError, TypeError, AttributeError):  # the source takes the top for a mapping
+        data = None
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of setting names to values at the top")
     if "config" in data:
