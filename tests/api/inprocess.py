@@ -1,6 +1,6 @@
 """The real app, assembled as `gpupool server` assembles it, served in-process with no scheduler loop running
-(nothing is ever launched), and a raw ASGI caller that sends bytes exactly as given: an HTTP client would
-re-encode headers and add its own Content-Length."""
+(nothing is launched unless a test runs a cycle itself), and a raw ASGI caller that sends bytes exactly as
+given: an HTTP client would re-encode headers and add its own Content-Length."""
 
 from __future__ import annotations
 
@@ -29,9 +29,18 @@ class Api:
     def auth(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {token or self.admin_token}"}
 
+    def close(self) -> None:
+        """Kill whatever a test's cycles launched, and close the store's connections."""
+        for alloc in self.ctx.backend.observe() or {}:
+            self.ctx.backend.stop(alloc, force=True)
+        engine = self.ctx.sessions.kw.get("bind")
+        if engine is not None:
+            engine.dispose()
 
-def make_api(root: Path, gpus: str = "fake:4xH100-80GB") -> Api:
-    options: dict[str, Any] = {"data_dir": root / "data", "gpus": gpus}
+
+def make_api(root: Path, gpus: str = "fake:4xH100-80GB", db_url: str | None = None, **settings: Any) -> Api:
+    """`db_url`: the store (None: SQLite in the data dir); `settings`: any other of the server's settings."""
+    options: dict[str, Any] = {"data_dir": root / "data", "gpus": gpus, "db_url": db_url, **settings}
     if "single_user" in Settings.model_fields:  # the server's own user runs workloads: no sandbox to probe
         options["single_user"] = True
     ctx, _ = build(Settings(**options))
