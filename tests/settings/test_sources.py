@@ -74,7 +74,9 @@ def test_variables_of_the_client_and_of_workloads_are_not_settings(monkeypatch: 
 def test_secrets_come_from_the_secrets_dir_and_nothing_else_does(tmp_path: Path) -> None:
     secrets = tmp_path / "secrets"
     secrets.mkdir()
-    _file(secrets / "db_password", "from-dir\n", 0o440)  # group-readable: how a pod's fsGroup reads its Secret
+    (secrets / "..data").mkdir()  # laid out as the kubelet mounts a Secret: links into a versioned folder,
+    _file(secrets / "..data" / "db_password", "from-dir\n", 0o440)  # group-readable for the pod's fsGroup
+    (secrets / "db_password").symlink_to("..data/db_password")
     _file(secrets / "session_secret", "k" * 40)
     _file(secrets / "port", "1")  # not a secret: not read from here
     s = Settings(db_url=PG, secrets_dir=secrets)
