@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table
 from gpupool.client import Client
-from gpupool.lifecycle.phases import TERMINAL, Phase
+from gpupool.lifecycle.phases import Phase
 from gpupool.models.schemas import WorkloadCreate, WorkloadDetail
 
 ProjectOpt = Annotated[str | None, typer.Option("-p", "--project", help="The project (default: your only one).")]
@@ -191,18 +191,17 @@ def logs(
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep streaming until it ends.")] = False,
     rank: Annotated[int, typer.Option("--rank", help="Which gang member.")] = 0,
 ) -> None:
-    """Print a workload's output."""
-    offset = 0
+    """Print a workload's output; with -f, stream it as it is written until the workload ends."""
     out = sys.stdout.buffer
     with client() as c:
-        while True:
-            data, offset, state = c.logs(name, project, rank, offset)
-            out.write(data)
-            out.flush()
-            if not follow or (state in TERMINAL and not data):
-                return
-            if not data:
-                time.sleep(0.5)  # polling a remote log; not synchronisation
+        if follow:
+            for data in c.follow_logs(name, project, rank):
+                out.write(data)
+                out.flush()
+            return
+        data, _, _ = c.logs(name, project, rank, 0)
+        out.write(data)
+        out.flush()
 
 
 def cancel(name: str, project: ProjectOpt = None, output: Output = OutputOpt) -> None:

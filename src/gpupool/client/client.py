@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import httpx
@@ -225,6 +226,18 @@ class Client:
         params = {**_project(project), "rank": rank, "offset": offset}
         resp = self._call("GET", f"/api/v1/workloads/{ref}/logs", params=params)
         return resp.content, int(resp.headers["X-Next-Offset"]), resp.headers["X-Workload-State"]
+
+    def follow_logs(self, ref: str, project: str | None = None, rank: int = 0, offset: int = 0) -> Iterator[bytes]:
+        """A member's output from offset as it is written, until the workload has ended."""
+        params: dict[str, Any] = {**_project(project), "rank": rank, "offset": offset, "follow": "true"}
+        try:
+            with self._http.stream("GET", f"/api/v1/workloads/{ref}/logs", params=params, timeout=None) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise ApiError(resp.status_code, _reason(resp))
+                yield from resp.iter_bytes()
+        except httpx.HTTPError as e:
+            raise ApiError(0, f"lost gpupool at {self.url}: {e}") from None
 
     def nodes(self) -> list[NodePublic]:
         return self._list(NodePublic, "/api/v1/nodes")

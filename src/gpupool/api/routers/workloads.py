@@ -4,6 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
@@ -18,7 +19,7 @@ from gpupool.models.schemas import (
     WorkloadPublic,
     WorkloadState,
 )
-from gpupool.services import reports, workloads
+from gpupool.services import logs, reports, workloads
 from gpupool.services.errors import Invalid
 
 router = APIRouter(tags=["workloads"], responses=ERRORS)
@@ -115,12 +116,18 @@ async def workload_logs(
     rank: Annotated[int, Query(ge=0, le=1024)] = 0,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=4 * 1024 * 1024)] = 1024 * 1024,
+    follow: Annotated[bool, Query(description="Stream the log as it is written until the workload ends.")] = False,
 ) -> Response:
     """Bytes of a member's log from `offset`; X-Next-Offset says where to continue, X-Workload-State whether
-    more may come."""
+    more may come. With follow, one streamed answer carries everything from `offset` to the end."""
     row = await run_in_threadpool(workloads.find, session, who, ref, project)
     if rank >= row.workers:
         raise Invalid(f"{row.name!r} has {row.workers} member(s); rank {rank} does not exist")
+    if follow:
+        stream = logs.follow(ctx.sessions, ctx.backend, row.id, rank, offset)
+        return StreamingResponse(
+            stream, media_type="text/plain; charset=utf-8", headers={"X-Workload-State": row.state}
+        )
     data = await run_in_threadpool(ctx.backend.read_log, row.id, rank, offset, limit)
     headers = {"X-Next-Offset": str(offset + len(data)), "X-Workload-State": row.state}
     return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
