@@ -53,17 +53,33 @@ class PodClock:
         self.running: dict[str, float] = {}
         self._core = client.CoreV1Api(cluster.api())
         self._watch = watch.Watch()
+        self._gone = client.ApiException
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        while True:  # a watch the server drops is started again from a fresh list
+        """List once, then watch from the list's version, resuming where each watch ended; list again only when
+        the API server says that version is gone (410), as gpupool's own watch does."""
+        selector = "gpupool.io/managed=true"
+        version: str | None = None
+        while True:
             try:
-                for pod in self._core.list_pod_for_all_namespaces(label_selector="gpupool.io/managed=true").items:
-                    self._see(pod)
+                if version is None:
+                    listing = self._core.list_pod_for_all_namespaces(label_selector=selector)
+                    for pod in listing.items:
+                        self._see(pod)
+                    version = listing.metadata.resource_version
                 for event in self._watch.stream(
-                    self._core.list_pod_for_all_namespaces, label_selector="gpupool.io/managed=true", timeout_seconds=60
-                ):
-                    self._see(event["object"])
+                    self._core.list_pod_for_all_namespaces, label_selector=selector, resource_version=version,
+                    allow_watch_bookmarks=True, timeout_seconds=60,
+                ):  # fmt: skip
+                    if event["type"] != "BOOKMARK":
+                        self._see(event["object"])
+                    version = self._watch.resource_version or version
+            except self._gone as e:
+                if e.status == 410:
+                    version = None
+                else:
+                    time.sleep(0.2)
             except Exception:  # the cluster is going away at the end of the run, or a watch broke
                 time.sleep(0.2)
 

@@ -78,7 +78,7 @@ class PodWatch:
         self.watches = 0
         """Watch requests the API server accepted (each resumes from the last resourceVersion)."""
         self.resource_version: str | None = None
-        self._synced = False
+        self._listed = threading.Event()
         self._failing_since: float | None = None
         self._stopping = threading.Event()
         self._stream: Any = None
@@ -86,9 +86,7 @@ class PodWatch:
 
     def start(self, wait_s: float) -> None:
         self._thread.start()
-        deadline = time.monotonic() + wait_s
-        while not self.synced() and time.monotonic() < deadline and self._thread.is_alive():
-            self._stopping.wait(0.05)
+        self._listed.wait(wait_s)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -96,15 +94,12 @@ class PodWatch:
         if stream is not None:
             stream.stop()
 
-    def synced(self) -> bool:
-        with self.lock:
-            return self._synced
-
     def fresh(self, now: float) -> bool:
         """Whether absence from the view means a pod is gone: the first list is done, and the watch has not
         been failing for longer than the bound (until then, what it holds is at worst a little late)."""
         with self.lock:
-            return self._synced and (self._failing_since is None or now - self._failing_since < self._stale_after_s)
+            failing = self._failing_since
+        return self._listed.is_set() and (failing is None or now - failing < self._stale_after_s)
 
     def launched(self, alloc: str, name: str, namespace: str) -> None:
         with self.lock:
@@ -154,9 +149,9 @@ class PodWatch:
                 self._seen(alloc)
             self.forgotten &= pods.keys()
             self.lists += 1
-            self._synced = True
             self._failing_since = None
         self.resource_version = listing.metadata.resource_version
+        self._listed.set()
         self._on_change()
 
     def _follow(self) -> None:
@@ -181,6 +176,8 @@ class PodWatch:
             resource_version=self.resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=self._timeout_s,
+            # The server ends the watch at its timeout: silence well past that is a connection gone dead.
+            _request_timeout=(10, self._timeout_s + 15),
         ):
             if self._stopping.is_set():
                 return
