@@ -144,3 +144,12 @@ def test_a_secrets_dir_file_every_user_can_read_is_refused(tmp_path: Path) -> No
 def test_a_short_session_secret_is_refused(tmp_path: Path) -> None:
     path = _file(tmp_path / "s", "short")
     assert _error(session_secret_file=path) == "a session secret has 32 to 1024 characters"
+
+
+def test_every_flag_of_the_command_sets_a_setting() -> None:
+    import inspect
+
+    from gpupool.cli.server_cmd import FIELDS, server
+
+    assert sorted(FIELDS) == sorted(p for p in inspect.signature(server).parameters if p != "ctx")
+    assert sorted(set(FIELDS.values()) - set(Settings.model_fields)) == []

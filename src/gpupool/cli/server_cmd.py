@@ -62,7 +62,7 @@ def server(
         ),
     ] = None,
     data_dir: Annotated[
-        Path | None, typer.Option("--data-dir", help="Logs and workdirs (default: ~/.local/share/gpupool).")
+        Path | None, typer.Option("--data-dir", help="Store, logs and workdirs (default: ~/.local/share/gpupool).")
     ] = None,
     db: Annotated[
         str | None,
