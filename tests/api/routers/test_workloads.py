@@ -322,6 +322,22 @@ async def test_a_log_is_read_from_an_offset_up_to_a_limit(fresh_api: Callable[..
         assert (end.content, end.headers["x-next-offset"]) == (b"", "12")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="backends/local/backend.py read_log: seek() past what the filesystem can address (16 TiB on ext4) "
+    "raises OSError (EINVAL), a 500; the route allows offsets up to 2**63-1",
+)
+async def test_an_offset_past_the_end_of_any_file_reads_nothing(fresh_api: Callable[..., Api]) -> None:
+    api = fresh_api()
+    async with client(api) as http:
+        make = Factory(api, http)
+        made = await make.workload(await make.project(), command=["echo", "hello"])
+        await make.until_state(made, "succeeded")
+        far = str(2**63 - 1)
+        r = await http.get(f"/api/v1/workloads/{made['id']}/logs", params={"offset": far}, headers=make.admin.auth)
+        assert (r.status_code, r.content, r.headers.get("x-next-offset")) == (200, b"", far)
+
+
 # -- the usage report -----------------------------------------------------------------------------------------
 
 
