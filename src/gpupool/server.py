@@ -16,10 +16,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.api.app import create_app
 from gpupool.api.deps import Context
+from gpupool.api.tracing import setup_tracing
 from gpupool.backends.base import Backend
 from gpupool.backends.local import GpuSpecError, LocalBackend, discover
 from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
 from gpupool.control.controller import Controller
+from gpupool.logs import configure_logging
 from gpupool.services.auth import PrincipalCache
 from gpupool.services.oidc import OidcClient, OidcConfig, RoleMap
 from gpupool.services.sessions import first_admin, session_key
@@ -173,7 +175,7 @@ def check_tls(settings: Settings) -> None:
 
 
 def serve(settings: Settings, announce: bool = True) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_format, settings.log_level)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the app proxy's every request otherwise
     check_tls(settings)
@@ -205,8 +207,10 @@ def serve(settings: Settings, announce: bool = True) -> None:
         print(f"gpupool: API on {scheme}://{settings.host}:{settings.port}  (docs at /docs)", flush=True)
     ctx.controller.start()
     try:
+        app = create_app(ctx)
+        setup_tracing(app)
         uvicorn.run(
-            create_app(ctx), host=settings.host, port=settings.port, log_level="warning", access_log=False,
+            app, host=settings.host, port=settings.port, log_level="warning", access_log=False, log_config=None,
             ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
         )  # fmt: skip
     finally:

@@ -24,6 +24,7 @@ FIELDS = {
     "pool_label": "pool_label", "image": "default_image", "gpus": "gpus", "pool": "pool", "interval": "interval_s",
     "grace": "grace_s", "telemetry_interval": "telemetry_interval_s", "price": "prices", "min_runtime": "min_runtime_s",
     "single_user": "single_user", "uid_base": "uid_base", "public_url": "public_url", "app_recheck": "app_recheck_s",
+    "log_format": "log_format", "log_level": "log_level",
     "oidc_issuer": "oidc_issuer", "oidc_client_id": "oidc_client_id",
     "oidc_client_secret_file": "oidc_client_secret_file", "oidc_role": "oidc_roles",
     "oidc_groups_claim": "oidc_groups_claim", "session_secret_file": "session_secret_file",
@@ -133,6 +134,12 @@ def server(
     app_recheck: Annotated[
         float, typer.Option("--app-recheck", help="Seconds between re-checks of an open app connection's rights.")
     ] = _default("app_recheck_s"),
+    log_format: Annotated[str, typer.Option("--log-format", help="text, or json (lines with the cycle id).")] = (
+        _default("log_format")
+    ),
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = _default(
+        "log_level"
+    ),
     oidc_issuer: Annotated[
         str | None, typer.Option("--oidc-issuer", help="Single sign-on: the OpenID Connect provider's issuer URL.")
     ] = None,

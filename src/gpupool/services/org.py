@@ -217,18 +217,3 @@ def list_users(session: Session, who: Principal) -> list[UserPublic]:
         for u in session.scalars(select(UserRow).order_by(UserRow.name))
         if who.is_admin or u.id in members
     ]
-
-
-def ensure_admin(session: Session, name: str = "admin") -> str | None:
-    """On first start: create the admin and return its token (None when users exist already). Only its hash is
-    kept, like every token's."""
-    if session.scalar(select(UserRow.id).limit(1)) is not None:
-        return None
-    token, now = new_token(), time.time()
-    user = UserRow(name=name, role="admin", kind="person", created_at=now)
-    session.add(user)
-    session.flush()
-    session.add(TokenRow(user_id=user.id, kind="personal", name="initial", token_hash=hash_token(token),
-                         created_at=now))  # fmt: skip
-    session.commit()
-    return token
