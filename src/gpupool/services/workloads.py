@@ -65,7 +65,8 @@ def submit(
             select(WorkloadRow).where(WorkloadRow.owner_id == who.id, WorkloadRow.idempotency_key == idempotency_key)
         )
         if prior is not None:
-            return workload_public(prior, body.project), False
+            # Named by the project it is in: a replay may name another project (or a typo of it).
+            return workload_public(prior, _project_names(session).get(prior.project_id, "?")), False
     check_text(body)
     if body.type == "notebook" and not notebooks:
         raise Invalid("notebooks need JupyterLab on the server: install gpupool[apps]")

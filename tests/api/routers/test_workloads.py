@@ -93,11 +93,6 @@ async def test_an_idempotency_key_replays_the_first_answer(http: httpx.AsyncClie
     assert (r.status_code, r.json()) == (422, {"detail": "Idempotency-Key is longer than 128 characters"})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="services/workloads.py submit: a replay answers workload_public(prior, body.project), naming the "
-    "project of the replayed request, not the one the workload is in",
-)
 async def test_a_replay_naming_another_project_answers_with_the_workloads_own(
     http: httpx.AsyncClient, make: Factory
 ) -> None:
@@ -322,11 +317,6 @@ async def test_a_log_is_read_from_an_offset_up_to_a_limit(fresh_api: Callable[..
         assert (end.content, end.headers["x-next-offset"]) == (b"", "12")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backends/local/backend.py read_log: seek() past what the filesystem can address (16 TiB on ext4) "
-    "raises OSError (EINVAL), a 500; the route allows offsets up to 2**63-1",
-)
 async def test_an_offset_past_the_end_of_any_file_reads_nothing(fresh_api: Callable[..., Api]) -> None:
     api = fresh_api()
     async with client(api) as http:

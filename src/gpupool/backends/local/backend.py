@@ -151,6 +151,8 @@ class LocalBackend:
     def read_log(self, workload_id: int, rank: int, offset: int, limit: int) -> bytes:
         try:
             with open(self.log_path(workload_id, rank), "rb") as f:
+                if offset >= os.fstat(f.fileno()).st_size:
+                    return b""  # past its end, maybe past what the filesystem can seek to: nothing yet
                 f.seek(offset)
                 return f.read(limit)
         except FileNotFoundError:
