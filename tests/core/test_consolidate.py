@@ -11,10 +11,11 @@ def test_consolidation_moves_a_workload_to_make_room() -> None:
     c.submit("z", "a", gpus=4)  # 4 GPUs free in all, but 2 on each node
     run = Run(c.snapshot(), SchedulerConfig(actions=ALL_ACTIONS))
     first = run.cycle()
-    assert [(e.workload, e.reason.value, e.preemptor) for e in first.evictions] == [("x", "consolidate", "z")]
+    # y started last: moving it loses the least work
+    assert [(e.workload, e.reason.value, e.preemptor) for e in first.evictions] == [("y", "consolidate", "z")]
     run.settle()
     assert run.running() == {"x", "y", "z"}
-    assert {run.workload(w).placements[0].node for w in ("x", "y")} == {"h100-1"}
+    assert {run.workload(w).placements[0].node for w in ("x", "y")} == {"h100-0"}
 
 
 def test_consolidation_is_off_by_default() -> None:

@@ -44,10 +44,9 @@ def test_victim_set_is_minimal_on_one_node() -> None:
     run = Run(c.snapshot()).settle()
     run.submit(c, "t", "a", gpus=2, priority="training")
     d = run.cycle()
-    assert [e.workload for e in d.evictions] == ["s3"] or sorted(e.workload for e in d.evictions) == ["s1", "s2"]
-    assert len(d.evictions) in (1, 2)
+    assert [e.workload for e in d.evictions] == ["s3"]
     run.settle()
-    assert "t" in run.running()
+    assert run.running() == {"s1", "s2", "t"}
 
 
 def test_lowest_priority_is_evicted_first() -> None:
@@ -77,7 +76,6 @@ def test_waiting_preemptor_keeps_the_capacity_it_evicted_for() -> None:
     run = Run(c.snapshot()).settle()
     run.submit(c, "t", "a", gpus=2, priority="training")
     d = run.cycle()
-    assert len(d.evictions) == 2
+    assert sorted(e.workload for e in d.evictions) == ["s1", "s2"]
     run.settle()
-    assert "t" in run.running()
     assert run.running() == {"t"}

@@ -1,5 +1,8 @@
 """Consolidate: move preemptible work off a node so a waiting workload fits, if every moved one fits elsewhere.
 
+What moves is chosen as victims are (`victim_sets`): the fewest workloads, then the least work lost, then the
+most recently started, on the node where that set is cheapest.
+
 Opt-in (moving restarts the moved workloads). The moved workloads are evicted with reason
 `consolidate` and requeued; this cycle checks that the rest of the cluster has room for each of them,
 and the waiting workload is pipelined onto the node they leave.
@@ -14,7 +17,8 @@ from gpupool.core.actions.reclaim import _retryable
 from gpupool.core.decision import Eviction, EvictReason
 from gpupool.core.model import Placement, State
 from gpupool.core.ordering import FairOrder
-from gpupool.core.preemption.victims import past_min_runtime, victim_key
+from gpupool.core.preemption.victim_sets import SetKey, set_key, victims_on
+from gpupool.core.preemption.victims import past_min_runtime, victim_key, visit_window
 from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkloadState
 
@@ -33,20 +37,29 @@ def consolidate(session: Session) -> None:
 
 
 def _try(session: Session, ws: WorkloadState) -> int:
+    """Move the cheapest set (by the rule of victim sets) off the node where it is cheapest, trying nodes in
+    that order until the moved workloads all find room elsewhere. Nodes looked at: the victim search's
+    window of them, each with a set found within `victim_sets.SEARCH_STEPS`."""
     state = session.state
+    req, models = ws.w.request, frozenset(ws.w.gpu_models)
     for group in session.placer.pools_of(ws):
         rows = session.placer.rows(group, _quota_allows(session, ws))
-        for node in [] if rows is None else [state.nodes[i] for i in rows.tolist()]:
+        if rows is None:
+            continue
+        options: list[tuple[tuple[SetKey, int], NodeState, list[WorkloadState]]] = []
+        for i in visit_window(session, ws, rows):
+            node = state.nodes[i]
             if not node.schedulable:
                 continue
-            movable = sorted(
-                (state.workloads[i] for i in node.residents if _movable(state.workloads[i], state.now)),
-                key=victim_key,
-            )
-            if not movable:
-                continue
+            ranked = node.ranked_residents(lambda j: victim_key(state.workloads[j]))
+            movable = [state.workloads[j] for j in ranked if _movable(state.workloads[j], state.now)]
+            chosen = victims_on(node, movable, req, models, ws.queue, state.now) if movable else None
+            if chosen:
+                options.append(((set_key(chosen, state.now), node.idx), node, chosen))
+        options.sort(key=lambda o: o[0])
+        for _, node, chosen in options:
             checkpoint = state.checkpoint()
-            moved = _move_off(session, node, movable, ws)
+            moved = _move_off(session, node, chosen, ws)
             if moved:
                 return moved
             state.rollback(checkpoint)
@@ -69,23 +82,18 @@ def _movable(v: WorkloadState, now: float) -> bool:
     return v.w.gang_size == 1 and past_min_runtime(v, now)
 
 
-def _move_off(session: Session, node: NodeState, movable: list[WorkloadState], ws: WorkloadState) -> int:
+def _move_off(session: Session, node: NodeState, chosen: list[WorkloadState], ws: WorkloadState) -> int:
     state, policy = session.state, session.placer.policy
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
-    evicted: list[WorkloadState] = []
     message = f"moved to make room for {ws.w.shown}; it restarts on another node"
-    for v in movable:
+    for v in chosen:
         state.evict(v, Eviction(v.w.id, EvictReason.CONSOLIDATE, message, preemptor=ws.w.id))
-        evicted.append(v)
-        if node.fits_host(req, True) and policy.evaluate(node, req, True, models, ws.queue) is not None:
-            break
-    else:
+    found = policy.evaluate(node, req, True, models, ws.queue) if node.fits_host(req, True) else None
+    if found is None:
         return 0
-    found = policy.evaluate(node, req, True, models, ws.queue)
-    assert found is not None
     target = Placement(0, node.name, found[0])
     state.hold(ws, target)
-    for v in evicted:
+    for v in chosen:
         spot = None
         for group in session.placer.pools_of(v):
             rows = session.placer.rows(group, _quota_allows(session, v))
@@ -99,4 +107,4 @@ def _move_off(session: Session, node: NodeState, movable: list[WorkloadState], w
             state.hold(v, p)  # keep its new room from being counted twice
     state.unhold(ws, target)
     state.place(ws, (target,), pipelined=True)
-    return len(evicted)
+    return len(chosen)

@@ -23,6 +23,7 @@ from gpupool.core import quota
 from gpupool.core.decision import Eviction, EvictReason, Pending, PendingCode
 from gpupool.core.model import Placement, State
 from gpupool.core.placement.index import IntArray
+from gpupool.core.preemption.victim_sets import NodeModel, SetKey, greedy_set, set_key
 from gpupool.core.preemption.victims import (
     Eligible,
     Search,
@@ -30,7 +31,6 @@ from gpupool.core.preemption.victims import (
     fits_on,
     past_min_runtime,
     victim_key,
-    victims_on,
     visit_window,
 )
 from gpupool.core.session import Session
@@ -39,7 +39,7 @@ from gpupool.core.state import NodeState, WorkloadState
 MAX_MOVES = 2
 """Most workloads moved to make room for one."""
 
-Option = tuple[tuple[int, int, int, int, int, int], NodeState, list[WorkloadState], list[WorkloadState]]
+Option = tuple[tuple[int, int, int, SetKey, int], NodeState, list[WorkloadState], list[WorkloadState]]
 
 
 def place_with_moves(
@@ -91,7 +91,7 @@ def _movable(v: WorkloadState, now: float) -> bool:
 
 def _options(session: Session, ws: WorkloadState, rows: IntArray, eligible: Eligible) -> list[Option]:
     """Nodes where victims plus at most MAX_MOVES moved workloads make room: fewest moves first, then the
-    lowest-priority and smallest."""
+    lowest-priority and smallest, then the cheapest whole set (`victim_sets.set_key`)."""
     state, config = session.state, session.config
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     need = req.nominal_milli()
@@ -109,7 +109,8 @@ def _options(session: Session, ws: WorkloadState, rows: IntArray, eligible: Elig
         )
         if not movers:
             continue
-        chosen = victims_on(node, victims + movers, req, models, ws.queue)
+        # Victims before movers, so the fewest move; the rule of victim sets then ranks nodes alike.
+        chosen = greedy_set(NodeModel(node, req, models, ws.queue), victims + movers)
         if chosen is None:
             continue
         moved = [v for v in chosen if v.idx not in taken]
@@ -117,7 +118,7 @@ def _options(session: Session, ws: WorkloadState, rows: IntArray, eligible: Elig
             continue  # moving as much as it needs elsewhere is no easier than placing it there
         key = (
             len(moved), max(v.w.priority for v in moved), sum(v.milli for v in moved),
-            max(v.w.priority for v in chosen), len(chosen), node.idx,
+            set_key(chosen, state.now), node.idx,
         )  # fmt: skip
         options.append((key, node, chosen, moved))
         if len(options) >= config.victim_search_nodes:

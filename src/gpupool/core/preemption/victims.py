@@ -1,11 +1,14 @@
-"""Find the fewest, cheapest victims whose eviction lets a workload start, inside a transaction.
+"""Find the cheapest victims whose eviction lets a workload start, inside a transaction.
 
-Each member is tried on every node: as is, or after evicting eligible residents cheapest first (lowest
-priority, then most recently started), with the set then minimised by dropping any victim the member
-does not need. The node with the cheapest set wins. Nothing is kept unless every member is placed and
-the caller's final check passes: a preemptor never evicts anything it cannot then use. In a pool that does
-not share devices across projects, a member's share may use a device only if what stays on it once the
-victims leave is all of its own project.
+Each member is tried on every node: as is, or after evicting a victim set found there (`victim_sets`: lowest
+priority, then fewest workloads, then least work lost, then most recently started). The node whose set is
+cheapest by that same rule wins. A gang's members are placed one after another, and the first member that
+must evict tries each of its nodes in turn (at most `victim_search_nodes`; past the cheapest, only those
+whose set could serve more than one member): the gang takes the cheapest whole victim set by the same
+rule, so a victim gang whose eviction frees room for several members is counted once. Nothing is kept
+unless every member is placed and the caller's final check passes: a preemptor never evicts anything it
+cannot then use. In a pool that does not share devices across projects, a member's share may use a device
+only if what stays on it once the victims leave is all of its own project.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import numpy as np
 
 from gpupool.core import quota
 from gpupool.core.decision import Eviction, EvictReason
-from gpupool.core.model import MILLI, DeviceShare, Placement, Request, State
+from gpupool.core.model import DeviceShare, Placement, Request, State
 from gpupool.core.placement.index import IntArray
+from gpupool.core.preemption.victim_sets import SetKey, set_key, victims_on
 from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkingState, WorkloadState
 
 Eligible = Callable[[WorkloadState], bool]
+NodeKey = tuple[int, int, int, tuple[float, ...], bool, tuple[str, ...], int]
+"""A victim set on a node: `victim_sets.set_key`, with a gang's own nodes first among equal sets."""
 
 
 def victim_key(v: WorkloadState) -> tuple[int, float, str]:
@@ -92,32 +98,91 @@ class Search:
 
 
 def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple[Placement, ...] | None:
+    if ws.w.gang_size == 1:
+        return _place_with(session, ws, search, 0, [])[0]
+    state = session.state
+    # Whole sets compare by the rule; at a tie the earlier choice wins (its first node came first).
+    best: tuple[SetKey, int] | None = None
+    for choice in range(session.config.victim_search_nodes):
+        checkpoint = state.checkpoint()
+        victims: list[WorkloadState] = []
+        placements, first = _place_with(session, ws, search, choice, victims)
+        state.rollback(checkpoint)
+        if placements is not None:
+            key = set_key(victims, state.now)
+            if best is None or key[:4] < best[0][:4]:
+                best = (key, choice)
+            if first is None or len(first) == len(victims):
+                break  # no member evicted, or only the first did: no later choice costs less
+        if first is None:
+            break  # the member that had to evict has no more nodes to offer
+        # Later choices start from a set no cheaper than this one's first (the nodes come cheapest first),
+        # and a gang's whole set holds its first: once that costs more than the best, none can do better.
+        if best is not None and set_key(first, state.now)[:4] > best[0][:4]:
+            break
+    if best is None:
+        return None
+    return _place_with(session, ws, search, best[1], [])[0]
+
+
+def _place_with(
+    session: Session, ws: WorkloadState, search: Search, choice: int, victims: list[WorkloadState]
+) -> tuple[tuple[Placement, ...] | None, list[WorkloadState] | None]:
+    """Place every member, the first one that must evict doing so on its `choice`-th cheapest node. Collects
+    the victims; also returns those of that first member (None if no member evicts or it found no node)."""
     state = session.state
     placements: list[Placement] = []
     used_nodes: set[int] = set()
+    first: list[WorkloadState] | None = None
     for member in range(ws.w.gang_size):
+        branching = False
         node = _plain_fit(session, search.rows, ws, used_nodes, distinct=ws.w.gang_size == 1)
         if node is None:
-            node = evict_for(session, ws, search, used_nodes)
+            before = len(victims)
+            node = _evict_for(session, ws, search, used_nodes, choice if first is None else 0, victims)
+            if first is None:
+                if node is None:
+                    return None, None
+                first, branching = victims[before:], choice > 0
         if node is None:
-            return None
+            return None, first
         found = fits_on(session, node, ws)
         assert found is not None
         p = Placement(member, node.name, found[0])
         state.hold(ws, p)
         placements.append(p)
         used_nodes.add(node.idx)
+        if branching and not _serves_more(session, ws, node, first or []):
+            return None, first
     for p in placements:
         state.unhold(ws, p)
-    return tuple(placements)
+    return tuple(placements), first
+
+
+def _serves_more(session: Session, ws: WorkloadState, node: NodeState, victims: list[WorkloadState]) -> bool:
+    """Whether evicting `victims` for one member on `node` could spare another member an eviction: they run on
+    other nodes too, or `node` has room for one more member. A gang tries a costlier first set only then."""
+    return any(p.node != node.name for v in victims for p in v.placements) or fits_on(session, node, ws) is not None
 
 
 def evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: set[int]) -> NodeState | None:
     """Evict the cheapest victim set that makes room for one member, on the node where it is cheapest."""
+    return _evict_for(session, ws, search, used_nodes, 0, [])
+
+
+def _evict_for(
+    session: Session,
+    ws: WorkloadState,
+    search: Search,
+    used_nodes: set[int],
+    skip: int,
+    victims: list[WorkloadState],
+) -> NodeState | None:
+    """`evict_for`, passing over the `skip` cheapest nodes; adds the victims to `victims`."""
     state = session.state
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     eligible = search.eligible
-    options: list[tuple[tuple[int, int, int, bool, int], NodeState, list[WorkloadState]]] = []
+    options: list[tuple[NodeKey, NodeState, list[WorkloadState]]] = []
     for i in visit_window(session, ws, search.hosts):
         node = state.nodes[i]
         if not node.schedulable:
@@ -125,21 +190,17 @@ def evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: s
         candidates = _candidates(state, node, eligible)
         if not candidates or not _may_free_enough(node, candidates, req):
             continue
-        chosen = victims_on(node, candidates, req, models, ws.queue)
+        chosen = victims_on(node, candidates, req, models, ws.queue, state.now)
         if chosen is None:
             continue
-        key = (
-            max(v.w.priority for v in chosen),
-            len(chosen),
-            sum(v.milli for v in chosen),
-            node.idx not in used_nodes,
-            node.idx,
-        )
+        # The same rule as on one node; at a tie, a gang's members keep to the nodes it already uses.
+        priority, count, lost, recency, ids = set_key(chosen, state.now)
+        key = (priority, count, lost, recency, node.idx not in used_nodes, ids, node.idx)
         options.append((key, node, chosen))
         if len(options) >= session.config.victim_search_nodes:
             break  # bounded search: cheap sets turn up on the first candidate nodes in practice
     options.sort(key=lambda o: o[0])
-    for _, node, chosen in options:
+    for _, node, chosen in options[skip:]:
         checkpoint = state.checkpoint()
         for v in chosen:
             if v.state is not State.RUNNING or not eligible(v):
@@ -148,6 +209,7 @@ def evict_for(session: Session, ws: WorkloadState, search: Search, used_nodes: s
         else:
             found = fits_on(session, node, ws)
             if found is not None and (search.accept is None or _accepts(session, ws, node, found[0], search.accept)):
+                victims.extend(chosen)
                 return node
         state.rollback(checkpoint)
     return None
@@ -217,79 +279,3 @@ def _may_free_enough(node: NodeState, candidates: list[WorkloadState], req: Requ
     whole_later, shared = node.summary()[1], node.shared_devices()
     held = sum(v.w.request.gpus * node.residents.get(v.idx, 0) for v in candidates)
     return whole_later + held + shared >= req.gpus
-
-
-class _NodeModel:
-    """Just enough of a node to ask 'does the member fit if these workloads leave?' without the journal."""
-
-    __slots__ = ("cpu", "devices", "holders", "memory", "node", "project", "req")
-
-    def __init__(self, node: NodeState, req: Request, models: frozenset[str], project: int) -> None:
-        self.node, self.req, self.project = node, req, project
-        self.cpu, self.memory = node.used_cpu, node.used_memory
-        self.devices = {
-            d.index: [d.used, d.used_mem, d.whole, d.memory] for d in node.devices if not models or d.model in models
-        }
-        self.holders: dict[int, dict[int, int]] = {}
-        """Where the pool does not share devices across projects: device -> project -> shares it holds."""
-        if node.exclusive and (req.gpu_milli or req.gpu_memory_mib):
-            self.holders = {d.index: dict(d.holders) for d in node.devices if d.index in self.devices}
-
-    def remove(self, v: WorkloadState, sign: int = 1) -> None:
-        for p in v.placements:
-            if p.node != self.node.name:
-                continue
-            self.cpu -= sign * v.w.request.cpu_milli
-            self.memory -= sign * v.w.request.memory_mib
-            for s in p.devices:
-                d = self.devices.get(s.index)
-                if d is not None:
-                    d[0] -= sign * s.milli
-                    d[1] -= sign * s.memory_mib
-                    if v.w.request.gpus:
-                        d[2] = sign < 0
-                    elif s.index in self.holders:
-                        held = self.holders[s.index]
-                        held[v.queue] = held.get(v.queue, 0) - sign
-
-    def admits(self, index: int) -> bool:
-        """Whether the device's remaining shares are all of the member's project (where that matters)."""
-        held = self.holders.get(index)
-        return held is None or all(q == self.project or not n for q, n in held.items())
-
-    def fits(self) -> bool:
-        req, node = self.req, self.node
-        if self.cpu + req.cpu_milli > node.cpu or self.memory + req.memory_mib > node.memory:
-            return False
-        if req.gpus:
-            return sum(1 for d in self.devices.values() if d[0] == 0) >= req.gpus
-        if req.gpu_milli or req.gpu_memory_mib:
-            for index, (used, used_mem, whole, memory) in self.devices.items():
-                milli, mem = req.share_on(memory)
-                if not whole and used + milli <= MILLI and used_mem + mem <= memory and self.admits(index):
-                    return True
-            return False
-        return True
-
-
-def victims_on(
-    node: NodeState, candidates: list[WorkloadState], req: Request, models: frozenset[str], project: int
-) -> list[WorkloadState] | None:
-    """Cheapest-first victims on `node` until a member of `project` fits, then minimised; None if even all do
-    not do."""
-    model = _NodeModel(node, req, models, project)
-    chosen: list[WorkloadState] = []
-    for v in candidates:
-        model.remove(v)
-        chosen.append(v)
-        if model.fits():
-            break
-    else:
-        return None
-    for v in list(reversed(chosen)):
-        model.remove(v, sign=-1)  # put it back: keep it only if the member still fits
-        if model.fits():
-            chosen.remove(v)
-        else:
-            model.remove(v)
-    return chosen
