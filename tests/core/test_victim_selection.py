@@ -33,9 +33,9 @@ def gang_running(c: Cluster, wid: str, project: str, nodes: list[str], gpus: int
     return c
 
 
-def evicted_by(run: Run, wid: str, gpus: int, priority: str = "training", workers: int = 1) -> list[str]:
-    c = Cluster()  # a throwaway builder: the submit lands on the run's snapshot
-    run.submit(c, wid, "a", gpus=gpus, priority=priority, workers=workers)
+def evicted_by(run: Run, wid: str, priority: str = "training", **request: float) -> list[str]:
+    """Submit `wid` to project a (`request`: the builder's gpus, gpu, cpus, workers) and run one cycle."""
+    run.submit(Cluster(), wid, "a", priority=priority, **request)  # the builder only makes the workload
     return sorted(e.workload for e in run.cycle().evictions)
 
 
@@ -71,6 +71,26 @@ def test_work_lost_counts_gpus_as_well_as_time() -> None:
     timed(timed(c, "wide", 40.0), "narrow", 0.0)
     run = at(c, 100.0)
     assert evicted_by(run, "t", gpus=1) == ["narrow"]
+
+
+def test_a_half_gpu_member_takes_one_half_gpu_victim_rather_than_two_quarters() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=2).project("a", deserved=2)
+    c.running("half", "a", "h100-0", [0], gpu=0.5, priority="batch")
+    c.running("keep0", "a", "h100-0", [0], gpu=0.5, priority="production", preemptible=False)
+    c.running("q1", "a", "h100-0", [1], gpu=0.25, priority="batch")
+    c.running("q2", "a", "h100-0", [1], gpu=0.25, priority="batch")
+    c.running("keep1", "a", "h100-0", [1], gpu=0.5, priority="production", preemptible=False)
+    assert evicted_by(Run(c.snapshot()), "t", gpu=0.5) == ["half"]
+
+
+def test_a_node_short_of_cpu_too_gives_up_a_cpu_only_victim_rather_than_a_second_gpu_one() -> None:
+    # Taking both GPU workloads frees the CPU too, but the CPU-only one has no GPU work to lose.
+    c = Cluster().pool("h100", nodes=1, gpus=2, cpus=16).project("a", deserved=2)
+    c.running("cpu", "a", "h100-0", [], cpus=8, priority="batch")
+    c.running("g1", "a", "h100-0", [0], gpus=1, cpus=4, priority="batch")
+    c.running("g2", "a", "h100-0", [1], gpus=1, cpus=4, priority="batch")
+    run = at(timed(timed(timed(c, "cpu", 0.0), "g1", 10.0), "g2", 20.0), 100.0)
+    assert evicted_by(run, "t", gpus=1, cpus=8) == ["cpu", "g2"]
 
 
 def pair(across: bool, a: str, b: str) -> Cluster:

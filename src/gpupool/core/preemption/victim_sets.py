@@ -8,9 +8,12 @@ just saved a checkpoint costs little; a gang counts once, with all its members' 
 On a node, the greedy pass (lowest priority, newest first, until the member fits, then any victim it does
 not need put back) gives the lowest priority any set can have and a first answer. A search over the
 candidates of at most that priority then looks for fewer victims, and at that count for less work lost.
-It is bounded: `SEARCH_STEPS` steps per node, cut short by what each set must free (GPU, CPU, memory) and
-by the work lost of the best set so far; when the steps run out it keeps the best set found at the
-smallest count it reached, which is the greedy one if it found nothing smaller.
+For a member asking for GPUs it looks first at the sets its devices call for: the holders of each choice of
+whole devices to free, or subsets of the holders of one device to share. Only when none of those fits (the
+node is short of CPU or memory as well) does it look at every set of candidates, a size at a time. It is
+bounded: at most `SEARCH_STEPS` sets or branches per node, the candidate sets cut short by a size too small
+to free what the member needs (GPU, CPU, memory) and by the work lost of the best set so far. When the steps
+run out it keeps the best set found, which is the greedy one if nothing cheaper turned up.
 """
 
 from __future__ import annotations
@@ -185,7 +188,7 @@ class _Search:
         self.steps = SEARCH_STEPS
         self.best: tuple[SetKey, list[WorkloadState]] = (set_key(greedy, now), greedy)
         self.found = False
-        """Whether a set other than the greedy one was seen to fit."""
+        """Whether a set looked at so far fits."""
         self.chosen: list[WorkloadState] = []
 
     def run(self) -> list[WorkloadState]:
@@ -219,6 +222,8 @@ class _Search:
         """Each choice of devices to free, taking all their holders."""
         holders, freeable = self._holders()
         short = gpus - sum(1 for d in self.model.devices.values() if d[0] == 0)
+        if short <= 0:
+            return  # its GPUs are free: what it lacks is CPU or memory
         for chosen in combinations(freeable, short):
             if self.steps <= 0:
                 return
