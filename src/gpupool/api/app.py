@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gpupool import __version__
 from gpupool.api.auditing import AuditTrail
 from gpupool.api.deps import Context
-from gpupool.api.errors import BodyLimit, validation_error
+from gpupool.api.errors import BodyLimit, NoNul, validation_error
 from gpupool.api.routers import access, apps, docs, nodes, org, pools, portal, sso, system, workloads
 from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
@@ -89,6 +89,7 @@ def create_app(ctx: Context) -> FastAPI:
 
     app.mount("/portal", StaticFiles(directory=STATIC), name="portal")
 
+    app.add_middleware(NoNul)
     app.add_middleware(BodyLimit)  # inside SecurityHeaders, so that a 413 carries the headers too
     app.add_middleware(AuditTrail)  # outside BodyLimit: a refused body is recorded too
     app.add_middleware(SecurityHeaders)

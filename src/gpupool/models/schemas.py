@@ -44,7 +44,9 @@ UNIX_MIN, UNIX_MAX = -62_135_596_800.0, 253_402_300_799.0
 """Unix seconds of 0001-01-01 and of 9999-12-31T23:59:59 UTC: the instants an ISO date can name."""
 PolicySeconds = Annotated[float, Field(le=100 * 365 * 86400, allow_inf_nan=False)]
 """A policy's limit in seconds (the use case refuses zero and below, with its own reason)."""
-ShortText = Annotated[str, Field(max_length=63)]
+NO_NUL = r"^[^\x00]*$"
+"""No name holds a NUL byte, and PostgreSQL refuses one in text: a lookup by it is refused, not a 500."""
+ShortText = Annotated[str, Field(max_length=63, pattern=NO_NUL)]
 
 
 class Wire(BaseModel):
@@ -281,7 +283,7 @@ class NodePublic(Reply):
 
 
 class LoginRequest(Wire):
-    name: str = Field(max_length=63)
+    name: str = Field(max_length=63, pattern=NO_NUL)
     password: str = Field(max_length=1024)
 
 

@@ -67,15 +67,3 @@ async def http(api: Api) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def make(api: Api, http: httpx.AsyncClient) -> Factory:
     return Factory(api, http)
-
-
-@pytest.fixture
-def bug_on_postgresql(api: Api, request: pytest.FixtureRequest) -> Callable[[str], None]:
-    """Marks this test a known bug where the module's store is PostgreSQL (it passes on SQLite): strict, so the
-    mark must go when the bug is fixed."""
-
-    def mark(reason: str) -> None:
-        if api.ctx.settings.db_url is not None:
-            request.node.add_marker(pytest.mark.xfail(strict=True, reason=reason))
-
-    return mark

@@ -5,7 +5,6 @@ call answers and what it refuses."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -286,9 +285,6 @@ async def test_audit_queries_out_of_bounds_are_422(
     assert shape(await http.get("/api/v1/audit", params=query, headers=make.admin.auth)) == (422, [(loc, kind)])
 
 
-async def test_an_actor_with_a_nul_byte_has_no_records(
-    http: httpx.AsyncClient, make: Factory, bug_on_postgresql: Callable[[str], None]
-) -> None:
-    bug_on_postgresql("the actor filter reaches SQL and PostgreSQL refuses NUL in text: 500 (psycopg.DataError)")
+async def test_an_actor_with_a_nul_byte_is_refused(http: httpx.AsyncClient, make: Factory) -> None:
     r = await http.get("/api/v1/audit", params={"actor": "a\x00b"}, headers=make.admin.auth)
-    assert (r.status_code, r.json()) == (200, [])
+    assert (r.status_code, r.json()) == (422, {"detail": "a NUL byte is not allowed in a path or a query"})
