@@ -2,9 +2,9 @@
 
 Events are arrivals, completions, notebook users coming and going, and a scheduling tick every `interval`
 seconds. At a tick where anything changed, or where a project waits for GPUs it is owed (else every fifth
-tick while work waits), the simulator builds a snapshot and applies what `schedule()` decides: binds start
-work, evictions stop it at once (the grace period is not simulated) and requeue it, having lost the progress
-since its last checkpoint.
+tick while work waits), the simulator builds a snapshot and applies what `schedule()` decides (`sim.apply`):
+binds start work, evictions stop it at once (the grace period is not simulated) and requeue it, having lost
+the progress since its last checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from gpupool.core import (
 )
 from gpupool.core.placement.memo import Memo
 from gpupool.core.priority import BATCH, INTERACTIVE, PRODUCTION, TRAINING, PriorityClass
+from gpupool.sim.apply import apply
 from gpupool.sim.org_jobs import Organisation, OrgJob
 from gpupool.sim.pools import shared_pools
 
@@ -175,26 +176,24 @@ class OrgSim:
     def _schedule(self) -> None:
         for _ in range(3):  # evictions release at once, so their preemptors can start in the same tick
             workloads = [self._workload(r) for r in (*self.running.values(), *self.pending.values())]
-            decision = schedule(
-                Snapshot(self.nodes, self.queues, tuple(workloads), self.now, self.pools), self.config, memo=self.memo
-            )
-            for e in decision.evictions:
-                rec = self.records[e.workload]
+            snapshot = Snapshot(self.nodes, self.queues, tuple(workloads), self.now, self.pools)
+            applied = apply(snapshot, schedule(snapshot, self.config, memo=self.memo))
+            for w in applied.evicted:
+                rec = self.records[w.id]
                 self._stop(rec)
                 rec.preemptions += 1
-                done = self.now - (rec.started or self.now)
+                done = self.now - (w.start_time or self.now)
                 if rec.job.kind in ("training", "batch"):
                     rec.remaining -= done // CHECKPOINT_S * CHECKPOINT_S
                 rec.pending_since = self.now
                 self.pending[rec.job.id] = rec
-            for b in decision.binds:
-                rec = self.pending.pop(b.workload)
-                self._start(rec, b.placements)
-            for p in decision.pending:
-                if p.workload in self.pending:
-                    self.pending[p.workload].nominated = tuple(sorted({x.node for x in p.nominated}))
+            for w in applied.started:
+                self._start(self.pending.pop(w.id), w.placements)
+            for w in applied.snapshot.workloads:
+                if w.id in self.pending:  # where evictions were made for it, as the control plane remembers
+                    self.pending[w.id].nominated = w.nominated_nodes
             self.dirty = False
-            if not decision.evictions:
+            if not applied.evicted:
                 break
 
     # -- state changes -----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from gpupool.core import MILLI, Node, Queue, SchedulerConfig, Snapshot, State, Workload, schedule
 from gpupool.core.placement.memo import Memo
 from gpupool.core.placement.models import model_demand
+from gpupool.sim.apply import apply
 from gpupool.sim.fragmentation import ClusterGpus, typical_mix
 from gpupool.sim.pools import shared_pools
 from gpupool.sim.traces import Pod
@@ -95,10 +96,8 @@ def run_seed(
         model_demand=model_demand((p.gpu_spec, p.gpu_request_milli) for p in pods),
     )
     memo = Memo()
-    gpus = ClusterGpus(nodes)
-    queue = (Queue(PROJECT),)
-    pools = shared_pools(nodes)
-    running: list[Workload] = []
+    gpus = ClusterGpus(nodes, config.typical_mix or ())
+    cluster = Snapshot(nodes, (Queue(PROJECT),), (), pool_settings=shared_pools(nodes))
     samples: dict[int, list[float]] = {}
     frag: dict[int, tuple[float, int]] = {}
     counts: dict[int, tuple[int, int]] = {}
@@ -115,23 +114,24 @@ def run_seed(
             arrived += pod.gpu_request_milli
             batch.append(Workload(f"{i:06d}", PROJECT, pod.request(), gpu_models=pod.gpu_spec, submit_time=float(i)))
             i += 1
-        snapshot = Snapshot(nodes, queue, (*running, *batch), now=float(i), pool_settings=pools)
-        bound = {b.workload: b for b in schedule(snapshot, config, memo=memo).binds}
+        snapshot = replace(cluster, workloads=(*cluster.workloads, *batch), now=float(i))
+        applied = apply(snapshot, schedule(snapshot, config, memo=memo))
+        # Pods that could not be placed when they arrived are dropped, as the experiment drops them.
+        cluster = replace(
+            applied.snapshot, workloads=tuple(w for w in applied.snapshot.workloads if w.state is State.RUNNING)
+        )
+        started = {w.id: w for w in applied.started}
         allocated = gpus.allocated_milli()
         for w in batch:
-            b = bound.get(w.id)
-            if b is None:
+            s = started.get(w.id)
+            if s is None:
                 failed += 1
             else:
                 placed += 1
-                running.append(replace(w, state=State.RUNNING, placements=b.placements, start_time=w.submit_time))
-                for p in b.placements:
-                    gpus.take(
-                        p.node, ((d.index, d.milli) for d in p.devices), w.request.cpu_milli, w.request.memory_mib
-                    )
-                    allocated += sum(d.milli for d in p.devices)
+                gpus.hold(s)
+                allocated += sum(d.milli for p in s.placements for d in p.devices)
             samples.setdefault(band, []).append(round(100 * allocated / gpus.total_milli, 2))
-        frag[band] = (gpus.fragment_milli(config.typical_mix or ()), gpus.idle_milli())
+        frag[band] = (gpus.fragment_milli(), gpus.idle_milli())
         counts[band] = (placed, failed)
     return [_point(k, samples, frag, counts, gpus.total_milli) for k in range(MAX_PCT + 1)]
 
