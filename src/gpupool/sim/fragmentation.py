@@ -1,7 +1,7 @@
-"""The cluster-wide fragmentation measure of FGD (ATC'23), vectorised over nodes for reporting.
+"""The cluster-wide fragmentation of FGD (ATC'23), as the simulator records it at every step.
 
-The same per-node definition drives the `fgd` placement policy in the core; here it is computed for the whole
-cluster at once so the simulator can record it at every step.
+The measure is the core's own (`core.placement.fgd.weighted_fragment`, what the `fgd` and `gpupool` policies
+score placements by), summed over nodes: the simulator only keeps track of what each node has free.
 """
 
 from __future__ import annotations
@@ -9,14 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-import numpy as np
-import numpy.typing as npt
-
-from gpupool.core import MILLI, Node
+from gpupool.core import MILLI, Node, Workload
+from gpupool.core.placement.fgd import mix_weight, weighted_fragment
 from gpupool.core.placement.policies import TypicalMix, popular_shapes
 from gpupool.sim.traces import Pod
 
-IntMatrix = npt.NDArray[np.int64]
+_FreeKey = tuple[tuple[int, ...], int, int, int]
 
 
 def typical_mix(pods: Iterable[Pod], coverage_pct: int = 95) -> TypicalMix:
@@ -25,49 +23,47 @@ def typical_mix(pods: Iterable[Pod], coverage_pct: int = 95) -> TypicalMix:
 
 
 class ClusterGpus:
-    """Free capacity of every node as arrays: devices (n x max devices, -1 where a node has fewer), CPU, memory."""
+    """What every node has free as running work leaves it: milli-GPU per device (in device-index order), CPU
+    and memory; and from that the GPU allocated, idle, and fragmented under a typical mix."""
 
-    def __init__(self, nodes: tuple[Node, ...]) -> None:
-        width = max((len(n.devices) for n in nodes), default=0)
+    def __init__(self, nodes: tuple[Node, ...], mix: TypicalMix) -> None:
         self.index = {n.name: i for i, n in enumerate(nodes)}
-        self.free = np.full((len(nodes), width), -1, dtype=np.int64)
-        for i, n in enumerate(nodes):
-            self.free[i, : len(n.devices)] = MILLI
-        self.cpu_free = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
-        self.mem_free = np.array([n.memory_mib for n in nodes], dtype=np.int64)
-        self.total_milli = int((self.free > 0).sum()) * MILLI
+        ordered = [sorted(n.devices, key=lambda d: d.index) for n in nodes]
+        self._position = [{d.index: k for k, d in enumerate(devices)} for devices in ordered]
+        self.free = [[MILLI] * len(devices) for devices in ordered]
+        self.cpu_free = [n.cpu_milli for n in nodes]
+        self.mem_free = [n.memory_mib for n in nodes]
+        self._mem_per_device = [devices[0].memory_mib if devices else 0 for devices in ordered]
+        self.total_milli = sum(len(devices) for devices in ordered) * MILLI
+        self.mix = mix
+        self._weighted = [0] * len(nodes)
+        """Per node, its fragment times the mix's total weight (`weighted_fragment`), as of its last change."""
+        self._dirty = set(range(len(nodes)))
+        self._memo: dict[_FreeKey, int] = {}
 
-    def take(self, node: str, device_milli: Iterable[tuple[int, int]], cpu_milli: int, memory_mib: int) -> None:
-        i = self.index[node]
-        for d, milli in device_milli:
-            self.free[i, d] -= milli
-        self.cpu_free[i] -= cpu_milli
-        self.mem_free[i] -= memory_mib
-
-    def allocated_milli(self) -> int:
-        return self.total_milli - int(np.where(self.free > 0, self.free, 0).sum())
-
-    def fragment_milli(self, mix: TypicalMix) -> float:
-        """Expected idle milli-GPU that a workload drawn from `mix` could not use, summed over nodes."""
-        free = np.where(self.free > 0, self.free, 0)
-        idle = free.sum(axis=1)
-        total_weight = sum(w for _, w in mix) or 1
-        frag = np.zeros(len(idle), dtype=np.float64)
-        for t, weight in mix:
-            host = (self.cpu_free >= t.cpu_milli) & (self.mem_free >= t.memory_mib)
-            if not (t.gpus or t.gpu_milli):
-                frag += weight * idle  # to CPU-only work every idle GPU is stranded
-                continue
-            if t.gpus:
-                ok = host & ((self.free == MILLI).sum(axis=1) >= t.gpus)
-                part = np.where(ok, np.where(free < MILLI, free, 0).sum(axis=1), idle)
-            elif t.gpu_milli:
-                ok = host & (free >= t.gpu_milli).any(axis=1)
-                part = np.where(ok, np.where(free < t.gpu_milli, free, 0).sum(axis=1), idle)
-            else:
-                continue
-            frag += weight * part
-        return float(frag.sum()) / total_weight
+    def hold(self, workload: Workload) -> None:
+        """Take what a workload's placements hold: each member's device shares and its CPU and memory."""
+        for p in workload.placements:
+            i = self.index[p.node]
+            for d in p.devices:
+                self.free[i][self._position[i][d.index]] -= d.milli
+            self.cpu_free[i] -= workload.request.cpu_milli
+            self.mem_free[i] -= workload.request.memory_mib
+            self._dirty.add(i)
 
     def idle_milli(self) -> int:
-        return int(np.where(self.free > 0, self.free, 0).sum())
+        return sum(sum(free) for free in self.free)
+
+    def allocated_milli(self) -> int:
+        return self.total_milli - self.idle_milli()
+
+    def fragment_milli(self) -> float:
+        """Expected idle milli-GPU that a workload drawn from the mix could not use, summed over nodes."""
+        for i in self._dirty:
+            key = (tuple(sorted(self.free[i])), self.cpu_free[i], self.mem_free[i], self._mem_per_device[i])
+            found = self._memo.get(key)
+            if found is None:
+                found = self._memo[key] = weighted_fragment(self.free[i], *key[1:], self.mix)
+            self._weighted[i] = found
+        self._dirty.clear()
+        return sum(self._weighted) / mix_weight(self.mix)

@@ -3,7 +3,7 @@
 A node's fragmentation is the idle GPU capacity (milli) that a workload drawn from the typical mix could not
 use there: all of it when the workload's GPUs or CPUs do not fit (and always for a CPU-only workload), else
 the devices with less free than it needs. Weighted by each typical shape's popularity. FGD places a request
-where that figure grows least.
+where that figure grows least; the simulator reports the same measure summed over nodes (`sim.fragmentation`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import math
 from gpupool.core.model import MILLI, DeviceShare, Request
 from gpupool.core.placement.devices import free_whole_devices, share_candidates, whole_shares
 from gpupool.core.placement.gaps import ExpectedIdle, gap_waste, gpu_shapes
-from gpupool.core.placement.policies import Policy, PolicyContext, register
+from gpupool.core.placement.policies import Policy, PolicyContext, TypicalMix, register
 from gpupool.core.state import NodeState
 
 _Found = tuple[tuple[DeviceShare, ...] | None, float]
 _Key = tuple[int, Request, bool, frozenset[str], tuple[bool, ...] | None]
-_Host = tuple[list[int], int, int, int]
+NodeFree = tuple[list[int], int, int, int]
 """A node's free resources as the fragment and idle measures read them: milli-GPU free per device, CPU free,
 memory free, memory per device."""
 
@@ -42,22 +42,37 @@ def typical_fragment(free: list[int], cpu_free: int, mem_free: int, mem_per_devi
     return idle
 
 
+def weighted_fragment(free: list[int], cpu_free: int, mem_free: int, mem_per_device: int, mix: TypicalMix) -> int:
+    """A node's fragment under the typical mix: each shape's part weighted by its popularity, not yet divided
+    by the mix's total weight (`mix_weight`). Integers, so the simulator's sums over nodes are exact."""
+    return sum(w * typical_fragment(free, cpu_free, mem_free, mem_per_device, t) for t, w in mix)
+
+
+def mix_weight(mix: TypicalMix) -> int:
+    return sum(w for _, w in mix) or 1
+
+
+def node_free(node: NodeState) -> NodeFree:
+    """A node's free resources as the fragment and idle measures read them (see `NodeFree`)."""
+    free_cpu = node.cpu - node.used_cpu - node.rel_cpu
+    free_memory = node.memory - node.used_memory - node.rel_memory
+    return [d.free_milli() for d in node.devices], free_cpu, free_memory, node.devices[0].memory if node.devices else 0
+
+
 class Fragmentation:
     """A node's expected fragment under a typical mix, memoised by the node's free resources."""
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.mix = ctx.mix
-        self.total_weight = sum(w for _, w in ctx.mix) or 1
+        self.total_weight = mix_weight(ctx.mix)
         self._memo: dict[tuple[tuple[int, ...], int, int, int], float] = ctx.memo.table("fragment", ctx.mix)
 
     def __call__(self, free: list[int], cpu_free: int, mem_free: int, mem_per_device: int) -> float:
         key = (tuple(sorted(free)), cpu_free, mem_free, mem_per_device)
         found = self._memo.get(key)
         if found is None:
-            total = 0
-            for t, w in self.mix:
-                total += w * typical_fragment(free, cpu_free, mem_free, mem_per_device, t)
-            found = self._memo[key] = total / self.total_weight
+            weighted = weighted_fragment(free, cpu_free, mem_free, mem_per_device, self.mix)
+            found = self._memo[key] = weighted / self.total_weight
         return found
 
 
@@ -94,9 +109,9 @@ class FgdPolicy(Policy):
 
     def _options(
         self, node: NodeState, req: Request, pipelined: bool, models: frozenset[str], project: int
-    ) -> tuple[_Host, list[tuple[tuple[DeviceShare, ...], _Host]]]:
+    ) -> tuple[NodeFree, list[tuple[tuple[DeviceShare, ...], NodeFree]]]:
         """The node's free resources now, and each way to place the request on it with what it leaves free."""
-        before = _host(node)
+        before = node_free(node)
         free, cpu_free, mem_free, mem_dev = before
         cpu_after, mem_after = cpu_free - req.cpu_milli, mem_free - req.memory_mib
         if req.gpus:
@@ -109,7 +124,7 @@ class FgdPolicy(Policy):
                 after[_position(node, s.index)] = 0
             return before, [(shares, (after, cpu_after, mem_after, mem_dev))]
         if req.gpu_milli or req.gpu_memory_mib:
-            out: list[tuple[tuple[DeviceShare, ...], _Host]] = []
+            out: list[tuple[tuple[DeviceShare, ...], NodeFree]] = []
             for d, milli, mem in share_candidates(node, req, pipelined, models, project):
                 after = list(free)
                 pos = _position(node, d.index)
@@ -212,12 +227,6 @@ _GPU_FREE_STEP = 1_000.0
 def _score(decrease: float) -> float:
     """FGD's score for a fragment decrease, with its simulator's integer truncation."""
     return float(int(100 / (1 + math.exp(-decrease / 1000))))
-
-
-def _host(node: NodeState) -> _Host:
-    free_cpu = node.cpu - node.used_cpu - node.rel_cpu
-    free_memory = node.memory - node.used_memory - node.rel_memory
-    return [d.free_milli() for d in node.devices], free_cpu, free_memory, node.devices[0].memory if node.devices else 0
 
 
 def _position(node: NodeState, index: int) -> int:
