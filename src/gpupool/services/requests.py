@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from gpupool.core import MILLI, Request
+from gpupool.core import MILLI, Device, Node, Request
+from gpupool.core.feasibility import ever_fits, members_on_empty, node_groups, states_of
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass, class_named
+from gpupool.core.state import NodeState
 from gpupool.models.schemas import WorkloadCreate
 from gpupool.services.errors import Invalid
 from gpupool.store.tables import NodeRow, QueueRow
@@ -31,6 +33,8 @@ NVIDIA_DRIVER_CAPABILITIES."""
 _SIZE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*([KMGT]i?B?|[KMGT]i?)?\s*", re.IGNORECASE | re.ASCII)
 _MAX_MIB = 2**40  # an exbibyte: more than any device or host, and far inside the 64-bit columns
 _UNIT_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+ANY_MODEL: frozenset[str] = frozenset()
+"""A submitted workload names no GPU model."""
 
 
 def parse_mib(text: str, what: str) -> int:
@@ -99,39 +103,28 @@ def check_text(body: WorkloadCreate) -> None:
         raise Invalid("only training and batch workloads can have several workers")
 
 
-def _fits_somewhere(req: Request, workers: int, nodes: Sequence[NodeRow]) -> str | None:
-    """None if the gang fits the empty cluster; otherwise why it never can."""
-    slots = 0
-    for node in nodes:
-        if node.cpu_milli < req.cpu_milli or node.memory_mib < req.memory_mib:
-            continue
-        devices = node.devices
-        if req.gpus:
-            per = len(devices) // req.gpus
-        elif req.gpu_milli:
-            per = len(devices) * (MILLI // req.gpu_milli)
-        elif req.gpu_memory_mib:
-            per = sum(int(d["memory_mib"]) // req.gpu_memory_mib for d in devices)
-        else:
-            per = workers
-        if req.cpu_milli:
-            per = min(per, node.cpu_milli // req.cpu_milli)
-        if req.memory_mib:
-            per = min(per, node.memory_mib // req.memory_mib)
-        slots += per
-        if slots >= workers:
-            return None
+def _core_node(row: NodeRow) -> Node:
+    devices = tuple(Device(int(d["index"]), str(d["model"]), int(d["memory_mib"])) for d in row.devices)
+    return Node(row.name, row.pool, row.cpu_milli, row.memory_mib, devices, row.schedulable)
+
+
+def _never(req: Request, workers: int, groups: list[list[NodeState]]) -> str:
+    """Why a workload the core says could never fit (`feasibility.ever_fits`) never can, in the user's terms."""
+    nodes = [n for group in groups for n in group]
     if req.gpus:
         most = max((len(n.devices) for n in nodes), default=0)
         if req.gpus > most:
             return f"{req.gpus} GPUs on one node: no node has more than {most}"
     if req.gpu_memory_mib:
-        most = max((int(d["memory_mib"]) for n in nodes for d in n.devices), default=0)
+        most = max((d.memory for n in nodes for d in n.devices), default=0)
         if req.gpu_memory_mib > most:
             return f"{req.gpu_memory_mib} MiB of GPU memory: no device has more than {most} MiB"
-    if req.cpu_milli or req.memory_mib:
+    if (req.gpu_milli or req.gpu_memory_mib) and not any(n.devices for n in nodes):
+        return "no node has a GPU"
+    if not any(members_on_empty(n, req, ANY_MODEL) for n in nodes):
         return "no node has the CPU or memory it asks for"
-    return f"{workers} workers of this size: the cluster cannot hold them all at once"
+    where = " in one pool (a gang never spans pools)" if len(groups) > 1 else ""
+    return f"{workers} workers of this size: the cluster cannot hold them all at once{where}"
 
 
 def check_fits(
@@ -148,14 +141,13 @@ def check_fits(
     for pool in pools:
         if pool not in known:
             raise Invalid(f"unknown pool {pool!r}; pools: {', '.join(known) or 'none yet'}")
-    allowed = [n for n in nodes if not pools or n.pool in pools]
-    why = _fits_somewhere(req, workers, allowed)
-    if why:
-        raise Invalid(f"this can never run: {why}")
+    groups = node_groups(states_of(_core_node(n) for n in nodes), pools, workers > 1, ANY_MODEL)
+    if not ever_fits(groups, req, workers, ANY_MODEL):
+        raise Invalid(f"this can never run: {_never(req, workers, groups)}")
     total = req.nominal_milli() * workers
     if not total:
         return
-    candidate_pools = list(pools) or sorted({n.pool for n in allowed})
+    candidate_pools = list(pools) or known
     for pool in candidate_pools:
         ok = True
         for queue in chain:
