@@ -1,8 +1,9 @@
 """Which victims on one node make room for a member, and how victim sets compare (on a node, across nodes).
 
 The rule: a set of lower priority wins (the highest priority it evicts is lowest); then the fewest workloads;
-then the least work lost; then the set of the most recently started (its oldest victim started last); then
-the ids. Work lost is a victim's GPU times the time since it started or last checkpointed, so a victim that
+then the least work lost; then the set of the most recently started (its oldest victim started last). Ties
+keep the order used before the rule: on a node the greedy set below (then the lowest ids), across nodes
+the first node. Work lost is a victim's GPU times the time since it started or last checkpointed, so a victim that
 just saved a checkpoint costs little; a gang counts once, with all its members' GPUs, wherever they run.
 
 On a node, the greedy pass (lowest priority, newest first, until the member fits, then any victim it does
@@ -26,7 +27,7 @@ from gpupool.core.state import NodeState, WorkloadState
 SEARCH_STEPS = 512
 """Most candidate sets looked at per node beyond the greedy one: crowded nodes of small work stay cheap."""
 
-SetKey = tuple[int, int, int, tuple[float, ...], tuple[str, ...]]
+SetKey = tuple[int, int, int, tuple[float, ...]]
 
 
 def work_lost(v: WorkloadState, now: float) -> int:
@@ -50,7 +51,6 @@ def set_key(victims: list[WorkloadState], now: float) -> SetKey:
         len(victims),
         sum(work_lost(v, now) for v in victims),
         tuple(-s for s in sorted(_started(v, now) for v in victims)),
-        tuple(sorted(v.w.id for v in victims)),
     )
 
 
@@ -186,7 +186,11 @@ class _Search:
         self.lost = {v.idx: work_lost(v, now) for v in pool}
         self.need = model.needs()
         self.steps = SEARCH_STEPS
-        self.best: tuple[SetKey, list[WorkloadState]] = (set_key(greedy, now), greedy)
+        self.best: tuple[tuple[SetKey, bool, tuple[str, ...]], list[WorkloadState]] = (
+            (set_key(greedy, now), False, ()),
+            greedy,
+        )
+        """The cheapest set so far, by the rule, then not the greedy set, then its ids."""
         self.found = False
         """Whether a set looked at so far fits."""
         self.chosen: list[WorkloadState] = []
@@ -232,7 +236,7 @@ class _Search:
             self._consider(victims, check=True)
 
     def _consider(self, victims: list[WorkloadState], check: bool) -> None:
-        best = self.best[0]
+        best = self.best[0][0]
         if len(victims) > best[1] or (len(victims) == best[1] and sum(self.lost[v.idx] for v in victims) > best[2]):
             return
         if check:
@@ -244,8 +248,8 @@ class _Search:
             if not fits:
                 return
         self.found = True
-        key = set_key(victims, self.now)
-        if key < best:
+        key = (set_key(victims, self.now), True, tuple(sorted(v.w.id for v in victims)))
+        if key < self.best[0]:
             self.best = (key, sorted(victims, key=lambda v: self.position[v.idx]))
 
     def _within(self, pool: list[WorkloadState]) -> None:
@@ -256,7 +260,7 @@ class _Search:
         most = [[0, *accumulate(sorted((f[r] for f in frees), reverse=True))] for r in range(len(self.need))]
         cheapest = [0, *accumulate(self.lost[v.idx] for v in order)]
         size = 1
-        while size <= min(self.best[0][1], len(order)) and self.steps > 0:
+        while size <= min(self.best[0][0][1], len(order)) and self.steps > 0:
             self._extend(order, frees, most, cheapest, 0, size, 0, (0, 0, 0))
             size += 1
 
@@ -280,7 +284,7 @@ class _Search:
             if self.steps <= 0:
                 return
             self.steps -= 1
-            best = self.best[0]
+            best = self.best[0][0]
             # Too many, or the cheapest completion from here costs more than the best set: so does every later one.
             if size > best[1] or (size == best[1] and lost + cheapest[i + left] - cheapest[i] > best[2]):
                 return

@@ -28,8 +28,8 @@ from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkingState, WorkloadState
 
 Eligible = Callable[[WorkloadState], bool]
-NodeKey = tuple[int, int, int, tuple[float, ...], bool, tuple[str, ...], int]
-"""A victim set on a node: `victim_sets.set_key`, with a gang's own nodes first among equal sets."""
+NodeKey = tuple[SetKey, bool, int]
+"""A victim set on a node: `victim_sets.set_key`; among equal sets a gang's own nodes, then the first node."""
 
 
 def victim_key(v: WorkloadState) -> tuple[int, float, str]:
@@ -110,7 +110,7 @@ def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple
         state.rollback(checkpoint)
         if placements is not None:
             key = set_key(victims, state.now)
-            if best is None or key[:4] < best[0][:4]:
+            if best is None or key < best[0]:
                 best = (key, choice)
             if first is None or len(first) == len(victims):
                 break  # no member evicted, or only the first did: no later choice costs less
@@ -118,7 +118,7 @@ def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple
             break  # the member that had to evict has no more nodes to offer
         # Later choices start from a set no cheaper than this one's first (the nodes come cheapest first),
         # and a gang's whole set holds its first: once that costs more than the best, none can do better.
-        if best is not None and set_key(first, state.now)[:4] > best[0][:4]:
+        if best is not None and set_key(first, state.now) > best[0]:
             break
     if best is None:
         return None
@@ -194,9 +194,7 @@ def _evict_for(
         if chosen is None:
             continue
         # The same rule as on one node; at a tie, a gang's members keep to the nodes it already uses.
-        priority, count, lost, recency, ids = set_key(chosen, state.now)
-        key = (priority, count, lost, recency, node.idx not in used_nodes, ids, node.idx)
-        options.append((key, node, chosen))
+        options.append(((set_key(chosen, state.now), node.idx not in used_nodes, node.idx), node, chosen))
         if len(options) >= session.config.victim_search_nodes:
             break  # bounded search: cheap sets turn up on the first candidate nodes in practice
     options.sort(key=lambda o: o[0])
