@@ -6,6 +6,7 @@ import pytest
 
 from gpupool.core import Device, Node, Request
 from gpupool.core.feasibility import ever_fits, members_on_empty, node_groups, states_of
+from tests.core.builders import Cluster, Run
 
 GIB = 1024
 ANY: frozenset[str] = frozenset()
@@ -59,3 +60,12 @@ def test_nodes_without_an_allowed_model_form_no_group() -> None:
     states = states_of([node("a0", "a", model="A100"), node("b0", "b")])
     assert [[n.name for n in g] for g in node_groups(states, (), True, frozenset({"H100"}))] == [["b0"]]
     assert node_groups(states, ("a",), False, frozenset({"H100"})) == []
+
+
+def test_a_gang_of_shares_more_than_the_pool_could_ever_hold_never_fits() -> None:
+    # Three half-GPU members on the only, one-GPU node: two fit on its device, the third never can. The scheduler
+    # asks the same predicate as submit, so it says so instead of waiting for room that cannot come.
+    c = Cluster().pool("p", nodes=1, gpus=1).project("a", pool="p", deserved=1)
+    c.submit("gang", "a", gpu=0.5, workers=3)
+    run = Run(c.snapshot()).settle()
+    assert (run.pending(), run.reason("gang")) == ({"gang"}, "never-fits")

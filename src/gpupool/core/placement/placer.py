@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from gpupool.core.feasibility import ever_fits
 from gpupool.core.model import DeviceShare, Placement, Request
-from gpupool.core.placement.devices import could_ever_fit
 from gpupool.core.placement.index import IntArray, NodeIndex
 from gpupool.core.placement.policies import Policy
 from gpupool.core.state import ANY_PROJECT, NodeState, WorkingState, WorkloadState
@@ -49,18 +49,7 @@ class Placer:
         key = (w.pools, w.gpu_models, w.gang_size, w.request)
         found = self._ever.get(key)
         if found is None:
-            models = frozenset(w.gpu_models)
-            found = False
-            for group in self.groups(ws):
-                room = 0
-                for n in group:
-                    if could_ever_fit(n, w.request, models):
-                        room += _members_on_empty(n, w.request, models)
-                        if room >= w.gang_size:
-                            found = True
-                            break
-                if found:
-                    break
+            found = ever_fits(self.groups(ws), w.request, w.gang_size, frozenset(w.gpu_models))
             self._ever[key] = found
         return found
 
@@ -206,14 +195,3 @@ def _members_now(node: NodeState, req: Request, pipelined: bool) -> int:
     if req.gpus:
         return node.free_whole(pipelined) // req.gpus
     return 1
-
-
-def _members_on_empty(node: NodeState, req: Request, models: frozenset[str]) -> int:
-    by_host = min(
-        node.cpu // req.cpu_milli if req.cpu_milli else 1 << 30,
-        node.memory // req.memory_mib if req.memory_mib else 1 << 30,
-    )
-    if req.gpus:
-        devices = sum(1 for d in node.devices if not models or d.model in models)
-        return min(by_host, devices // req.gpus)
-    return min(by_host, 1 << 30)
