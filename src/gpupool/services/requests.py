@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from gpupool.core import MILLI, Device, Node, Request
+from gpupool.core import MILLI, Request
 from gpupool.core.feasibility import ever_fits, members_on_empty, node_groups, states_of
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass, class_named
 from gpupool.core.state import NodeState
 from gpupool.models.schemas import WorkloadCreate
 from gpupool.services.errors import Invalid
+from gpupool.store.snapshot import core_node
 from gpupool.store.tables import NodeRow, QueueRow
 
 TYPE_CLASS = {"notebook": "interactive", "training": "training", "inference": "production", "batch": "batch"}
@@ -103,11 +104,6 @@ def check_text(body: WorkloadCreate) -> None:
         raise Invalid("only training and batch workloads can have several workers")
 
 
-def _core_node(row: NodeRow) -> Node:
-    devices = tuple(Device(int(d["index"]), str(d["model"]), int(d["memory_mib"])) for d in row.devices)
-    return Node(row.name, row.pool, row.cpu_milli, row.memory_mib, devices, row.schedulable)
-
-
 def _never(req: Request, workers: int, groups: list[list[NodeState]]) -> str:
     """Why a workload the core says could never fit (`feasibility.ever_fits`) never can, in the user's terms."""
     nodes = [n for group in groups for n in group]
@@ -141,7 +137,7 @@ def check_fits(
     for pool in pools:
         if pool not in known:
             raise Invalid(f"unknown pool {pool!r}; pools: {', '.join(known) or 'none yet'}")
-    groups = node_groups(states_of(_core_node(n) for n in nodes), pools, workers > 1, ANY_MODEL)
+    groups = node_groups(states_of(core_node(n) for n in nodes), pools, workers > 1, ANY_MODEL)
     if not ever_fits(groups, req, workers, ANY_MODEL):
         raise Invalid(f"this can never run: {_never(req, workers, groups)}")
     total = req.nominal_milli() * workers

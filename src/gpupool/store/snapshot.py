@@ -33,18 +33,13 @@ def row_id(core: str) -> int:
     return int(core[1:])
 
 
+def core_node(row: NodeRow) -> Node:
+    devices = tuple(Device(int(d["index"]), str(d["model"]), int(d["memory_mib"])) for d in row.devices)
+    return Node(row.name, row.pool, row.cpu_milli, row.memory_mib, devices, row.schedulable)
+
+
 def core_nodes(session: Session) -> tuple[Node, ...]:
-    return tuple(
-        Node(
-            n.name,
-            n.pool,
-            n.cpu_milli,
-            n.memory_mib,
-            tuple(Device(int(d["index"]), str(d["model"]), int(d["memory_mib"])) for d in n.devices),
-            n.schedulable,
-        )
-        for n in session.scalars(select(NodeRow).order_by(NodeRow.name))
-    )
+    return tuple(core_node(n) for n in session.scalars(select(NodeRow).order_by(NodeRow.name)))
 
 
 def core_pools(session: Session) -> dict[str, PoolSettings]:
