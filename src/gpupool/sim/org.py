@@ -283,6 +283,10 @@ class OrgSim:
             CLASS_OF[job.kind] if regime.classes else (PRODUCTION if job.kind == "inference" else TRAINING)
         )
         running = job.id in self.running
+        checkpoint = None
+        if running and rec.started is not None and job.kind in ("training", "batch"):
+            # What an eviction would lose starts at its last checkpoint, and the core weighs victims by it.
+            checkpoint = rec.started + (self.now - rec.started) // CHECKPOINT_S * CHECKPOINT_S
         return Workload(
             job.id,
             job.project,
@@ -298,6 +302,7 @@ class OrgSim:
             placements=rec.placements if running else (),
             start_time=rec.started if running else None,
             nominated_nodes=() if running else rec.nominated,
+            checkpoint_time=checkpoint,
         )
 
     def _push(self, t: float, kind: str, jid: str, token: int = 0) -> None:
