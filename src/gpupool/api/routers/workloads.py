@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
@@ -108,6 +108,7 @@ def usage_report(
 
 @router.get("/workloads/{ref}/logs", response_class=Response)
 async def workload_logs(
+    request: Request,
     ref: str,
     session: SessionDep,
     ctx: ContextDep,
@@ -124,7 +125,16 @@ async def workload_logs(
     if rank >= row.workers:
         raise Invalid(f"{row.name!r} has {row.workers} member(s); rank {rank} does not exist")
     if follow:
-        stream = logs.follow(ctx.sessions, ctx.backend, row.id, rank, offset)
+        token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        project_id = row.project_id
+
+        def allowed() -> bool:
+            with ctx.sessions() as s:
+                now = ctx.principals.get(s, token)
+                return now is not None and now.can_read(project_id)
+
+        recheck = ctx.settings.app_recheck_s
+        stream = logs.follow(ctx.sessions, ctx.backend, row.id, rank, offset, allowed=allowed, recheck_s=recheck)
         return StreamingResponse(
             stream, media_type="text/plain; charset=utf-8", headers={"X-Workload-State": row.state}
         )
