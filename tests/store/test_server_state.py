@@ -90,7 +90,7 @@ def test_servers_starting_together_on_an_empty_store_make_one_admin(
 ) -> None:
     url = _database(backend, tmp_path, request)
     tokens = _together(4, url, lambda s: first_admin(s, None))
-    assert len(set(tokens)) == 4  # each server keeps a token of its own in its data dir
+    assert None not in tokens and len(set(tokens)) == 4  # each server keeps a token of its own in its data dir
     with _store(url)() as s:
         assert s.scalars(select(UserRow.name)).all() == ["admin"]
         assert s.scalar(select(func.count()).select_from(TokenRow)) == 4

@@ -200,10 +200,14 @@ def first_admin(session: Session, held: str | None, name: str = "admin") -> str 
     for _ in range(10):  # each round loses only to another server's committed change
         raw = server_state.read(session, server_state.BOOTSTRAP)
         if raw is None:
-            if session.scalar(select(UserRow.id).limit(1)) is not None:  # a store set up before this state
-                server_state.insert_once(session, server_state.BOOTSTRAP, _DONE)
-                session.commit()
-                return None
+            if session.scalar(select(UserRow.id).limit(1)) is not None:
+                # Users and no state: a store set up before this state, or another server's first start that
+                # committed since the read above. Only the first makes "done" stick; the second is read again.
+                if server_state.insert_once(session, server_state.BOOTSTRAP, _DONE):
+                    session.commit()
+                    return None
+                session.rollback()
+                continue
             pending = json.dumps({"state": "pending", "tokens": []})
             if not server_state.insert_once(session, server_state.BOOTSTRAP, pending):
                 session.rollback()
