@@ -167,3 +167,14 @@ def test_where_the_pool_allows_sharing_consolidation_moves_it_there() -> None:
     assert run.evicted() == ["b1"]
     assert run.running() == {"a1", "b1", "whole"}
     assert device(run, "b1") == ("gpu-0", 0)
+
+
+def test_a_reclaim_names_the_project_it_serves_not_its_workload() -> None:
+    # The victim's readers are another tenant: they learn which project is owed, not what its work is called.
+    c = two_projects(gpus=1, owed=1, share=True)
+    c.running("b1", "b", "gpu-0", [0], gpu=0.5).running("b2", "b", "gpu-0", [0], gpu=0.5)
+    c.submit("fa", "a", gpu=0.5)
+    snapshot = c.snapshot()
+    labelled = tuple(dataclasses.replace(w, label=f"'{w.id}-secret'") for w in snapshot.workloads)
+    d = Run(dataclasses.replace(snapshot, workloads=labelled)).cycle()
+    assert [e.message for e in d.evictions] == ["reclaimed for a workload of project a, which is below its fair share"]

@@ -187,6 +187,11 @@ class Workload:
     def shown(self) -> str:
         return self.label or self.id
 
+    def named_for(self, reader: Workload) -> str:
+        """How a message about `reader` names this workload: by label within one project, and across projects by
+        its project only (a tenant does not learn another's workload names)."""
+        return self.shown if self.project == reader.project else f"a workload of project {self.project}"
+
     def __post_init__(self) -> None:
         if self.gang_size < 1:
             raise ValueError("gang_size must be at least 1")

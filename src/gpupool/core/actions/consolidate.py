@@ -85,8 +85,8 @@ def _movable(v: WorkloadState, now: float) -> bool:
 def _move_off(session: Session, node: NodeState, chosen: list[WorkloadState], ws: WorkloadState) -> int:
     state, policy = session.state, session.placer.policy
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
-    message = f"moved to make room for {ws.w.shown}; it restarts on another node"
     for v in chosen:
+        message = f"moved to make room for {ws.w.named_for(v.w)}; it restarts on another node"
         state.evict(v, Eviction(v.w.id, EvictReason.CONSOLIDATE, message, preemptor=ws.w.id))
     found = policy.evaluate(node, req, True, models, ws.queue) if node.fits_host(req, True) else None
     if found is None:

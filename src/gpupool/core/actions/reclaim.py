@@ -66,7 +66,7 @@ def reclaim(session: Session) -> None:
         attempts += 1
         # Within its own deserved quota; its departments are checked against each victim (`_rules`).
         by_quota = {p: _within(session, chain[:1], p, nominal, deserved) for p in entitled}
-        message = f"reclaimed for {ws.w.shown} of project {ws.w.project}, which is below its fair share"
+        message = f"reclaimed for a workload of project {ws.w.project}, which is below its fair share"
         evicted: int | None = None
         owed: dict[int, bool] = {p: True for p, ok in by_quota.items() if ok}
         # The usual rules first; a project owed GPUs then relaxes them one step at a time, where an earlier

@@ -74,7 +74,7 @@ def place_with_moves(
                 for m in moved:
                     session.pending[m.idx] = Pending(
                         m.w.id, PendingCode.WAITING_FOR_EVICTIONS,
-                        f"moved to make room for {ws.w.shown}; it restarts on {m.placements[0].node}",
+                        f"moved to make room for {ws.w.named_for(m.w)}; it restarts on {m.placements[0].node}",
                         nominated=m.placements,
                     )  # fmt: skip
                 return len(state.evictions) - before, len(moved)
@@ -145,7 +145,9 @@ def _carry_out(
         if v.state is not State.RUNNING:
             return False
         if v.idx in moving:
-            note = f"moved to make room for {ws.w.shown}, which its project is owed; it restarts on another node"
+            note = (
+                f"moved to make room for {ws.w.named_for(v.w)}, which its project is owed; it restarts on another node"
+            )
             state.evict(v, Eviction(v.w.id, EvictReason.CONSOLIDATE, note, preemptor=ws.w.id))
         elif eligible(v):  # an earlier victim (its project's floor) may rule this one out now
             state.evict(v, Eviction(v.w.id, EvictReason.RECLAIM, message, preemptor=ws.w.id))
