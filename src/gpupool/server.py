@@ -176,8 +176,6 @@ def check_tls(settings: Settings) -> None:
 
 def serve(settings: Settings, announce: bool = True) -> None:
     configure_logging(settings.log_format, settings.log_level)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # the app proxy's every request otherwise
     check_tls(settings)
     ctx, token_path = build(settings)
     nodes = ctx.backend.inventory()

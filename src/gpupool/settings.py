@@ -94,10 +94,11 @@ class Settings(BaseSettings):
     uid_base: int = Field(1_900_000_000, ge=100_000, le=2**31 - 2**24)
     """Project p's workloads run as uid uid_base + p (local backend, not single-user)."""
     app_recheck_s: float = Field(30.0, gt=0, le=60)
+    """How often an open app websocket's or a followed log's caller is authorised again: a removed member loses
+    it within this."""
     log_format: Literal["text", "json"] = "text"
     """JSON lines (one object per line, with the cycle id) for a log collector; text for people."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    """How often an open app websocket's caller is authorised again: a removed member loses it within this."""
     public_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
     """How users reach this server (for app URLs, the single sign-on callback); None: http://host:port."""
     oidc_issuer: str | None = Field(None, max_length=512)

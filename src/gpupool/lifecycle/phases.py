@@ -86,18 +86,3 @@ class PendingReason(StrEnum):
     NO_SHAREABLE_DEVICE = "no-shareable-device"
     WAITING_FOR_EVICTIONS = "waiting-for-evictions"
     QUEUED_BEHIND = "queued-behind"
-
-
-Reason = StopReason | PendingReason
-
-
-def reason_of(code: str | None) -> Reason | None:
-    """The typed reason a stored code names; None for no code or one this release does not know."""
-    if code is None:
-        return None
-    for kind in (StopReason, PendingReason):
-        try:
-            return kind(code)
-        except ValueError:
-            continue
-    return None

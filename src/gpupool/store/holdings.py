@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.lifecycle.phases import AllocPhase
+from gpupool.lifecycle.phases import HOLDING
 from gpupool.store.tables import AllocationRow, WorkloadRow
 
 
@@ -25,7 +25,7 @@ def holdings(session: Session) -> list[Holding]:
     rows = session.execute(
         select(AllocationRow.node, AllocationRow.devices, WorkloadRow.name, WorkloadRow.project_id)
         .join(WorkloadRow, AllocationRow.workload_id == WorkloadRow.id)
-        .where(AllocationRow.state != AllocPhase.ENDED)
+        .where(AllocationRow.state.in_(sorted(HOLDING)))
     )
     return [
         Holding(node, int(d["index"]), int(d["milli"]), name, project_id)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpupool.core.feasibility import ever_fits
+from gpupool.core.feasibility import ever_fits, node_groups
 from gpupool.core.model import DeviceShare, Placement, Request
 from gpupool.core.placement.index import IntArray, NodeIndex
 from gpupool.core.placement.policies import Policy
@@ -31,15 +31,7 @@ class Placer:
         key = (w.pools, w.gpu_models, w.gang_size > 1)
         found = self._groups.get(key)
         if found is None:
-            models = frozenset(w.gpu_models)
-            usable = [n for n in self.state.nodes if not models or n.models & models]
-            if w.pools:
-                found = [[n for n in usable if n.pool == p] for p in w.pools]
-            elif w.gang_size > 1:
-                found = [[n for n in usable if n.pool == p] for p in self.state.pools]
-            else:
-                found = [usable]
-            found = [g for g in found if g]
+            found = node_groups(self.state.nodes, w.pools, w.gang_size > 1, frozenset(w.gpu_models))
             self._groups[key] = found
         return found
 
