@@ -124,16 +124,22 @@ class KubernetesBackend:
     # -- launch, stop, observe -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> None:
         ns = namespace_for(spec.project, self.settings.namespace_prefix)
-        self._ensure_namespace(ns, check_level(spec.pod_security))
-        for d in spec.devices:
-            if d.milli < 1000:
-                self._reserve(spec.node, d.index, spec.alloc_id)
-        if spec.world_size > 1:
-            self._create(lambda: self.core.create_namespaced_service(ns, gang_service_manifest(spec, ns)))
-        if spec.secrets:
-            self._put_secrets(ns, spec.secrets)
-        body = pod_manifest(spec, ns, self.settings.default_image, self.settings.uid_base)
-        self._create(lambda: self.core.create_namespaced_pod(ns, body))
+        try:
+            self._ensure_namespace(ns, check_level(spec.pod_security))
+            for d in spec.devices:
+                if d.milli < 1000:
+                    self._reserve(spec.node, d.index, spec.alloc_id)
+            if spec.world_size > 1:
+                self._create(lambda: self.core.create_namespaced_service(ns, gang_service_manifest(spec, ns)))
+            if spec.secrets:
+                self._put_secrets(ns, spec.secrets)
+            body = pod_manifest(spec, ns, self.settings.default_image, self.settings.uid_base)
+            self._create(lambda: self.core.create_namespaced_pod(ns, body))
+        except Exception:
+            # Retried next cycle, or never if the workload is stopped meanwhile (then nothing forgets it): its
+            # devices must not stay reserved on its account.
+            self._unreserve(spec.alloc_id)
+            raise
         # Until the watch shows it, the pod is alive by our word: a cycle right now must not take it for gone.
         self.watch.launched(spec.alloc_id, body["metadata"]["name"], ns)
 
@@ -206,6 +212,12 @@ class KubernetesBackend:
         with self.watch.lock:
             self.watch.forgotten.add(alloc_id)
             self.watch.unseen.pop(alloc_id, None)
+        self._unreserve(alloc_id)
+
+    def _unreserve(self, alloc_id: str) -> None:
+        with self.watch.lock:
+            for allocs in self.watch.launching.values():
+                allocs.discard(alloc_id)
         self._release_unused()
 
     def _delete(self, name: str, namespace: str) -> None:
