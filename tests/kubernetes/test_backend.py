@@ -149,7 +149,9 @@ def test_an_owed_whole_node_moves_a_within_quota_pod_and_reclaims_the_rest(
     moved = wait_for(lambda: (w := s.workload("h-one")) and w["state"] == "running" and w["attempt"] == 1 and w, 60,
                      "h-one to restart on the other node")  # fmt: skip
     assert moved["node"] != target
-    assert any("consolidate" in e["reason"] and "'mine'" in e["reason"] for e in moved["events"])
+    moves = [e["reason"] for e in moved["events"] if e["code"] == "stop-requested"]
+    assert moves == ["consolidate: moved to make room for a workload of project owner, which its project is owed; "
+                     "it restarts on another node; stopping"]  # fmt: skip
     borrower = [s.workload(n)["state"] for n in ("b-fill", *(f"b{i}" for i in range(7)))]
     assert borrower == ["preempted"] * 8
     assert s.workload("h-big")["state"] == "running" and s.workload("h-big")["attempt"] == 0
