@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import select, text
 
 from gpupool.lifecycle.events import EventCode, render
-from gpupool.store.engine import MIGRATIONS, make_engine, migrate, session_factory
+from gpupool.store.engine import make_engine, migrate, session_factory
 from gpupool.store.tables import EventRow, WorkloadRow
 from tests.e2e.postgres import Postgres
+from tests.store.revisions import at_revision
 
 OLD_EVENTS = [
     ("submitted by ana", EventCode.NOTE, None, {"text": "submitted by ana"}),
@@ -34,11 +33,7 @@ def test_old_events_become_codes_that_read_as_before(
         pg: Postgres = request.getfixturevalue("postgres")
         url = pg.new_database()
     engine = make_engine(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0006")
+    with at_revision(engine, "0006") as conn:
         conn.execute(
             text(
                 "INSERT INTO queues (id, name, kind, strict_fifo, policy, created_at) "

@@ -5,16 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from alembic import command
 from alembic.autogenerate import compare_metadata
-from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import text
 
 from gpupool.services.auth import authenticate, hash_token
-from gpupool.store.engine import MIGRATIONS, make_engine, migrate, session_factory
+from gpupool.store.engine import make_engine, migrate, session_factory
 from gpupool.store.tables import Base
 from tests.e2e.postgres import Postgres
+from tests.store.revisions import at_revision
 
 
 def _database(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
@@ -39,11 +38,7 @@ def test_tenancy_keeps_every_users_token_and_viewers_stay_viewers(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     engine = make_engine(_database(backend, tmp_path, request))
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0004")
+    with at_revision(engine, "0004") as conn:
         conn.execute(text("INSERT INTO queues (name, kind, strict_fifo, policy, created_at) "
                           "VALUES ('lab', 'project', false, '{}', 0)"))  # fmt: skip
         for uid, name, role in ((1, "ana", "member"), (2, "vic", "viewer")):

@@ -9,17 +9,16 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.services.auth import authenticate
 from gpupool.services.sessions import first_admin, session_key
 from gpupool.store import server_state
-from gpupool.store.engine import MIGRATIONS, make_engine, migrate, session_factory
+from gpupool.store.engine import make_engine, migrate, session_factory
 from gpupool.store.tables import TokenRow, UserRow
 from tests.e2e.postgres import Postgres
+from tests.store.revisions import at_revision
 
 T = TypeVar("T")
 
@@ -135,11 +134,7 @@ def test_a_store_made_before_the_state_moved_there_never_bootstraps(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     engine = make_engine(_database(backend, tmp_path, request))
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0005")
+    with at_revision(engine, "0005") as conn:
         conn.execute(text("INSERT INTO users (name, role, kind, created_at) VALUES ('admin', 'admin', 'person', 0)"))
     migrate(engine)
     with session_factory(engine)() as s:
