@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from gpupool.backends.base import Backend, DeviceGrant, LaunchSpec
 from gpupool.core import Decision
+from gpupool.failpoints import failpoint
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.phases import LIVE, QUEUED, AllocPhase, PendingReason, Phase, StopReason
 from gpupool.lifecycle.transitions import current
@@ -189,6 +190,7 @@ def act(
         for alloc in allocs:
             if alloc.stop_at is not None and alloc.state != AllocPhase.ENDED:
                 backend.stop(alloc.id, force=now - alloc.stop_at >= row.grace_s)
+                failpoint("reclaim.during")
                 busy = True
         if row.state == Phase.STARTING and row.stop_reason is None:
             if any(a.state == AllocPhase.BOUND for a in allocs):

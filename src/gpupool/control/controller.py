@@ -17,12 +17,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.backends.base import Backend, LaunchSpec, Sample
 from gpupool.control.apply import act, persist, sequential
+from gpupool.control.loop import SchedulerLoop
 from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.reconcile import reconcile
 from gpupool.control.usage import account
 from gpupool.core import Decision, SchedulerConfig, schedule
 from gpupool.core.cycle import Observer
 from gpupool.core.placement.memo import Memo
+from gpupool.failpoints import failpoint
 from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import ACTIVE, EVICTIONS
 from gpupool.logs import current_cycle, cycle_context
@@ -53,6 +55,7 @@ class Controller:
         max_gap_s: float = 0.5,
         telemetry_interval_s: float = 5.0,
         inventory_interval_s: float | None = None,
+        fence: Callable[[Session], None] | None = None,
     ) -> None:
         self.sessions = sessions
         self.backend = backend
@@ -83,9 +86,11 @@ class Controller:
         self._cycle_ids = itertools.count(1)
         self._memo = Memo()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.fence = fence
+        """Called with the cycle's session before each of its commits; raises to stop a deposed leader acting."""
+        self.loop = SchedulerLoop(
+            self.cycle, lambda: self.last_cycle_s - self.last_sample_s, interval_s=interval_s, max_gap_s=max_gap_s
+        )  # a telemetry sample is rare; it earns the API no rest
 
     def register_nodes(self) -> None:
         """Write the backend's nodes to the store; nodes that are gone stay, unschedulable, for what they held."""
@@ -105,40 +110,18 @@ class Controller:
             s.commit()
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
-        self._thread.start()
+        self.loop.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self.loop.stop()
 
-    def _run(self) -> None:
-        timeout = 0.0
-        last_end = 0.0
-        while not self._stopping.is_set():
-            self._wake.wait(timeout)
-            # Under a burst of submits, cycles back to back would starve the API of the interpreter: rest twice
-            # as long as the last cycle took (a third of the time scheduling), so one cycle takes many submits.
-            # Short cycles (an idle server's take milliseconds) starve nothing, so work still starts at once.
-            work = self.last_cycle_s - self.last_sample_s  # a telemetry sample is rare; it earns no rest
-            rest = 2 * work if work > 0.02 else 0.0
-            gap = min(rest, self.max_gap_s) - (time.monotonic() - last_end)
-            if gap > 0:
-                self._stopping.wait(gap)
-            self._wake.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                busy = self.cycle()
-            except Exception:  # the loop must outlive any one bad cycle; cycle() logged it, with its id
-                busy = False
-            last_end = time.monotonic()
-            timeout = 0.2 if busy else self.interval_s
+    def _commit(self, s: Session) -> None:
+        if self.fence is not None:
+            self.fence(s)
+        s.commit()
 
     def _launch_all(self, launch: Callable[[LaunchSpec], None], specs: list[LaunchSpec]) -> list[BaseException | None]:
         if len(specs) <= 1:
@@ -239,7 +222,8 @@ class Controller:
                     persisted = persist({r.id: r for r in rows}, decision, now)
                     s.add_all(persisted)
             with self._step("commit"):
-                s.commit()  # persist first: a crash from here on relaunches by allocation id, never twice
+                self._commit(s)  # persist first: a crash from here on relaunches by allocation id, never twice
+            failpoint("cycle.after-persist")
             projects = {q.id: q.name for q in queues}
             log_outcome([*reconciled, *enforced, *persisted], {r.id: r for r in loaded}, projects)
             for alloc_id in ended:
@@ -255,8 +239,9 @@ class Controller:
             with self._step("act"):
                 events, busy = act(rows, projects, nodes, self.backend, now, self._launch_all, project_secrets, levels)
                 s.add_all(events)
+            failpoint("cycle.before-events")
             with self._step("commit_events"):
-                s.commit()
+                self._commit(s)
             self.last_decision = decision
             self.last_cycle_s = time.perf_counter() - started
             self.cycles += 1
