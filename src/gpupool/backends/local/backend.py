@@ -1,21 +1,23 @@
-"""Workload members as process groups on this host, re-adoptable after a server restart.
+"""Workload members as process groups on this host, launched exactly once and re-adoptable after a restart.
 
-Each launch leaves a record in `<data>/run/<alloc id>.json`; a small `sh` wrapper writes the member's exit
-status to `<alloc id>.exit`, so an exit is known even if it happened while the server was down.
+A launch's intent is durable before its process starts, and a lock file its wrapper holds for as long as it
+lives tells a restarted server what became of it: running, ended (with its status), or never started (see
+runs.py). One reaper thread learns of every member's end through pidfds (reaper.py). Launches of different
+allocations run in parallel; the backend's lock guards its tables only, never a process start or a file write.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpupool.backends.base import (
@@ -30,21 +32,15 @@ from gpupool.backends.base import (
 from gpupool.backends.local.apps import answers_http
 from gpupool.backends.local.gpus import Discovered
 from gpupool.backends.local.mps import MpsDaemon, mps_env
+from gpupool.backends.local.reaper import Reaper
+from gpupool.backends.local.runs import Found, Record, RunDir, start_ticks
 from gpupool.backends.local.sandbox import APP_SOCKET, Isolation, Limits, Member, Sandbox
 from gpupool.backends.local.telemetry import CpuActivity, NvmlReader, processes, tree
 from gpupool.core import Node
+from gpupool.failpoints import failpoint
 
-# "$1" is the exit file, "$2" the number of cgroup.procs files that follow (the wrapper joins them first, so
-# everything the member starts is counted); the rest is the member's argv, run without any shell
-# interpretation of its words. The wrapper catches TERM (its child gets the default action back on exec) so
-# it outlives the grace period and records how the member really ended. It runs as the server's user, outside
-# the sandbox, which is what lets it write the exit file where the member cannot.
-_WRAPPER = (
-    "trap : TERM INT; f=$1; n=$2; shift 2; rc=0; "
-    'while [ "$n" -gt 0 ]; do echo $$ > "$1" || rc=125; shift; n=$((n-1)); done; '
-    '[ $rc -eq 0 ] && { "$@"; rc=$?; }; '
-    'printf "%s" "$rc" > "$f.tmp" && mv "$f.tmp" "$f"; exit $rc'
-)
+log = logging.getLogger(__name__)
+
 _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM")
 _SANDBOX_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
 """What a sandboxed member inherits from the server's environment: its HOME, user and /tmp are its own."""
@@ -54,19 +50,18 @@ _DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "
 @dataclass(slots=True)
 class _Run:
     alloc_id: str
-    pid: int
-    start_ticks: int
+    pid: int | None
+    """The wrapper's (its process group is the member's); None for one adopted whose wrapper was not found."""
+    start_ticks: int | None
     enforced: bool
     devices: tuple[tuple[int, int, int], ...] = ()
     """(index, milli, memory MiB) of each device it holds."""
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    child: subprocess.Popen[bytes] | None = None
+    """Set where this server started it: its return code is the best word on how it ended."""
+    ended: bool = False
+    """An adopted one's end, as the reaper saw it."""
+    swept: bool = False
+    """Whether what it left in its process group was killed (once: after that its pid may be another's)."""
 
 
 def _meminfo_mib() -> int:
@@ -96,11 +91,13 @@ class LocalBackend:
         self.pool = pool
         self.gpus = gpus
         self._on_exit = on_exit
-        self._run_dir = data_dir / "run"
-        self._run_dir.mkdir(parents=True, exist_ok=True)
+        self._dir = RunDir(data_dir / "run")
         self._lock = threading.Lock()
+        """Guards the tables below, and nothing else: no process start or file write happens under it."""
         self._runs: dict[str, _Run] = {}
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._launching: dict[str, threading.Event] = {}
+        self._sandbox_lock = threading.Lock()
+        self._reaper = Reaper(self._ended)
         self._mps: MpsDaemon | None = None
         if not gpus.simulated and shutil.which("nvidia-cuda-mps-control"):
             self._mps = MpsDaemon(data_dir / "mps")
@@ -163,44 +160,92 @@ class LocalBackend:
 
     # -- launch, stop, observe -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> None:
-        with self._lock:
-            if spec.alloc_id in self._runs or self._record(spec.alloc_id).exists():
+        """Start the member once: a launch of an allocation already known (here, or on disk from before a
+        restart) returns; two at once for one allocation start it once (the second waits for the first)."""
+        while True:
+            with self._lock:
+                if spec.alloc_id in self._runs:
+                    return
+                under_way = self._launching.get(spec.alloc_id)
+                if under_way is None:
+                    done = self._launching[spec.alloc_id] = threading.Event()
+                    break
+            under_way.wait()
+        try:
+            self._launch(spec)
+        finally:
+            with self._lock:
+                del self._launching[spec.alloc_id]
+            done.set()
+
+    def _launch(self, spec: LaunchSpec) -> None:
+        alloc_id = spec.alloc_id
+        lock_fd = self._dir.claim(alloc_id)
+        if lock_fd is None:  # its wrapper runs: started before a restart, or by another server on this data dir
+            found = self._dir.survey(alloc_id)
+            if found is None:
+                raise RuntimeError(f"launch {alloc_id}: its lock was busy; it never started, and starts next time")
+            self._track(alloc_id, found)
+            return
+        try:
+            known = self._dir.read(alloc_id)
+            if self._dir.started(alloc_id, lock_fd, known):  # it ran, and ended, before this server knew of it
+                self._track(alloc_id, Found(known or Record(), False, None, None))
                 return
-            member = self._member(spec)
-            self.sandbox.prepare(member)
-            log = Path(self.log_path(spec.workload_id, spec.rank))
-            log.parent.mkdir(parents=True, exist_ok=True)
-            env, enforced = self._environment(spec, member)
+            proc, record = self._start(spec, lock_fd)
+        finally:
+            os.close(lock_fd)  # the wrapper's copy keeps the lock for as long as it lives
+        try:
+            pidfd = os.pidfd_open(proc.pid)  # before anything can reap it: the pid is still this process's
+        except ProcessLookupError:  # pragma: no cover - an unreaped child keeps its pid
+            pidfd = None
+        ticks = start_ticks(proc.pid)
+        with self._lock:
+            self._runs[alloc_id] = _Run(alloc_id, proc.pid, ticks, record.enforced, record.devices, child=proc)
+        if pidfd is not None:
+            self._reaper.watch(alloc_id, pidfd, proc)
+        failpoint("launch.after-start")
+        try:
+            self._dir.write_record(alloc_id, replace(record, pid=proc.pid, start_ticks=ticks))
+        except OSError as e:
+            # It runs and is tracked; a restarted server finds it by its lock. Failing the launch now would only
+            # have the controller ask again.
+            log.warning("launch %s: its record could not be written (%s); it runs, tracked by its lock", alloc_id, e)
+
+    def _start(self, spec: LaunchSpec, lock_fd: int) -> tuple[subprocess.Popen[bytes], Record]:
+        """The intent made durable, then the wrapper started holding the lock (`lock_fd` as its stdin)."""
+        member = self._member(spec)
+        self.sandbox.prepare(member)
+        log_file = Path(self.log_path(spec.workload_id, spec.rank))
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        env, enforced = self._environment(spec, member)
+        if self.isolation.sandboxed:
+            with self._sandbox_lock:  # it rewrites a project's identity files, which its members share
+                argv, cgroups = self.sandbox.argv(member, spec.argv)
+        else:
             argv, cgroups = self.sandbox.argv(member, spec.argv)
-            exit_file = self._run_dir / f"{spec.alloc_id}.exit"
-            with contextlib.suppress(FileNotFoundError):
-                exit_file.unlink()
-            wrapper = ["/bin/sh", "-c", _WRAPPER, "gpupool-run", str(exit_file), str(len(cgroups)), *cgroups]
-            with open(log, "ab") as out:
-                proc = subprocess.Popen(
-                    [*wrapper, *argv],
-                    cwd=member.workdir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            grants = tuple((d.index, d.milli, d.memory_mib) for d in spec.devices)
-            run = _Run(spec.alloc_id, proc.pid, _start_ticks(proc.pid) or 0, enforced, grants)
-            self._runs[spec.alloc_id] = run
-            self._children[spec.alloc_id] = proc
-            tmp = self._record(spec.alloc_id).with_suffix(".tmp")
-            record = {"pid": run.pid, "start_ticks": run.start_ticks, "enforced": enforced, "devices": grants}
-            tmp.write_text(json.dumps(record))
-            tmp.replace(self._record(spec.alloc_id))
-        threading.Thread(target=self._reap, args=(proc,), daemon=True, name=f"reap-{spec.alloc_id}").start()
+        record = Record(tuple((d.index, d.milli, d.memory_mib) for d in spec.devices), enforced)
+        with contextlib.suppress(FileNotFoundError):
+            self._dir.exit_path(spec.alloc_id).unlink()
+        self._dir.write_intent(spec.alloc_id, record)
+        failpoint("launch.before-start")
+        with open(log_file, "ab") as out:
+            proc = subprocess.Popen(
+                [*self._dir.wrapper(spec.alloc_id, cgroups), *argv],
+                cwd=member.workdir,
+                env=env,
+                stdin=lock_fd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        return proc, record
 
     def stop(self, alloc_id: str, force: bool) -> None:
         with self._lock:
             run = self._runs.get(alloc_id)
-        if run is None or not self._alive(run):
+        if run is None or run.pid is None or not self._alive(run):
             return
         members = tree(processes(), run.pid)
         if not force and self.isolation.sandboxed:
@@ -227,42 +272,41 @@ class LocalBackend:
             if self._alive(run):
                 seen[run.alloc_id] = Observed(run.alloc_id, True, enforced=run.enforced)
                 continue
-            exit_file = self._run_dir / f"{run.alloc_id}.exit"
-            code: int | None = None
-            with contextlib.suppress(OSError, ValueError):
-                code = int(exit_file.read_text())
             # Whatever the member left behind in its group goes with it, so its devices are really free.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(run.pid, signal.SIGKILL)
-            seen[run.alloc_id] = Observed(run.alloc_id, False, code, run.enforced)
+            if run.pid is not None and not run.swept:
+                run.swept = True
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(run.pid, signal.SIGKILL)
+            seen[run.alloc_id] = Observed(run.alloc_id, False, self._exit_code(run), run.enforced)
         return seen
 
     def forget(self, alloc_id: str) -> None:
         with self._lock:
             self._runs.pop(alloc_id, None)
-            self._children.pop(alloc_id, None)
-        for suffix in (".json", ".exit"):
-            with contextlib.suppress(FileNotFoundError):
-                (self._run_dir / f"{alloc_id}{suffix}").unlink()
+        self._dir.remove(alloc_id)
         self.sandbox.release(alloc_id)
         shutil.rmtree(self._app_dir(alloc_id), ignore_errors=True)
 
+    def close(self) -> None:
+        """Stop supervising (members run on; a new backend on this data dir adopts them)."""
+        self._reaper.close()
+
     def sample(self) -> Sample:
         with self._lock:
-            runs = [r for r in self._runs.values() if self._alive(r)]
+            runs = [(r, r.pid) for r in self._runs.values() if r.pid is not None and self._alive(r)]
         procs = processes()
-        cpu = self._activity.measure([r.pid for r in runs], procs)
+        cpu = self._activity.measure([pid for _, pid in runs], procs)
         read = self._nvml.read(len(self.gpus.devices)) if self._nvml is not None else None
         samples: dict[str, MemberSample] = {}
         dev_util: dict[int, float] = {}
         dev_mem: dict[int, int] = {}
-        for r in runs:
+        for r, pid in runs:
             if not r.devices:
                 continue
             granted = sum(m for _, _, m in r.devices)
-            members = tree(procs, r.pid)
+            members = tree(procs, pid)
             if read is None:  # modelled: a busy process keeps its share busy; memory is its RSS, up to the grant
-                util, mem = cpu.get(r.pid, 0), min(granted, sum(p.rss_mib for p in members))
+                util, mem = cpu.get(pid, 0), min(granted, sum(p.rss_mib for p in members))
             else:
                 devices, per_pid = read
                 util = round(sum(devices[i][0] for i, _, _ in r.devices) / len(r.devices))
@@ -303,33 +347,57 @@ class LocalBackend:
             shared=(str(self._mps.pipe_dir), str(self._mps.log_dir)) if self._mps is not None else (),
         )
 
-    def _record(self, alloc_id: str) -> Path:
-        return self._run_dir / f"{alloc_id}.json"
-
     def _alive(self, run: _Run) -> bool:
-        child = self._children.get(run.alloc_id)
-        if child is not None:
-            return child.poll() is None
-        ticks = _start_ticks(run.pid)
-        return ticks is not None and ticks == run.start_ticks and not _zombie(run.pid)
+        if run.child is not None:
+            return run.child.poll() is None
+        if run.pid is None:  # adopted, its wrapper not found: alive while something holds its lock
+            return self._dir.held(run.alloc_id)
+        return not run.ended
+
+    def _exit_code(self, run: _Run) -> int | None:
+        """The best word on how it ended: this server's child's return code, else the wrapper's exit file (none
+        where the wrapper itself was killed, or could not write it)."""
+        code = run.child.returncode if run.child is not None else None
+        return code if code is not None and code >= 0 else self._dir.exit_code(run.alloc_id)
+
+    def _ended(self, alloc_id: str) -> None:
+        """The reaper saw a member's wrapper end."""
+        with self._lock:
+            run = self._runs.get(alloc_id)
+            if run is not None:
+                run.ended = True
+        self._on_exit()
+
+    def _track(self, alloc_id: str, found: Found) -> None:
+        """Take over a launch found on disk: one that runs is watched, one that ended is reported as such."""
+        run = _Run(alloc_id, found.pid, found.start_ticks, found.record.enforced, found.record.devices)
+        run.ended = not found.running
+        with self._lock:
+            self._runs[alloc_id] = run
+        if not found.running or found.pid is None:
+            return
+        try:
+            pidfd = os.pidfd_open(found.pid)
+        except ProcessLookupError:
+            run.ended = True
+            return
+        if start_ticks(found.pid) != found.start_ticks:  # it ended and its pid went to another process
+            os.close(pidfd)
+            run.ended = True
+            return
+        self._reaper.watch(alloc_id, pidfd)
+        if found.record.pid != found.pid:  # found by its lock: the record learns its pid (a hint, best effort)
+            with contextlib.suppress(OSError):
+                self._dir.write_record(alloc_id, replace(found.record, pid=found.pid, start_ticks=found.start_ticks))
 
     def _adopt(self) -> None:
-        """Take back the records of launches made before a restart; their processes kept running."""
-        for rec in sorted(self._run_dir.glob("*.json")):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                data = json.loads(rec.read_text())
-                grants = tuple(tuple(int(x) for x in d) for d in data.get("devices", ()))
-                self._runs[rec.stem] = _Run(
-                    rec.stem,
-                    int(data["pid"]),
-                    int(data["start_ticks"]),
-                    data["enforced"],
-                    grants,  # type: ignore[arg-type]
-                )
-
-    def _reap(self, proc: subprocess.Popen[bytes]) -> None:
-        proc.wait()
-        self._on_exit()
+        """Take back the launches made before a restart: running ones, ended ones (how they ended), and the
+        intents of ones that never started, which are dropped so that the controller's next launch starts them."""
+        self._dir.sweep()
+        for alloc_id in self._dir.allocations():
+            found = self._dir.survey(alloc_id)
+            if found is not None:
+                self._track(alloc_id, found)
 
     def _environment(self, spec: LaunchSpec, member: Member) -> tuple[dict[str, str], bool]:
         # A clean environment: the server's own secrets (database URL, tokens) never reach a workload.
@@ -391,14 +459,6 @@ def apps_root(data_dir: Path) -> Path:
         root = Path("/run/gpupool") / key
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     return root
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _has_module(name: str) -> bool:
