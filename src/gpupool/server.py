@@ -7,12 +7,18 @@ import os
 import socket
 import ssl
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import anyio
 import uvicorn
 from sqlalchemy import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors.multiprocess import Multiprocess
 
 from gpupool.api.app import create_app
 from gpupool.api.deps import Context
@@ -21,6 +27,7 @@ from gpupool.backends.base import Backend
 from gpupool.backends.local import GpuSpecError, LocalBackend, discover
 from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
 from gpupool.control.controller import Controller
+from gpupool.control.leader import LeaderBackend, Leadership
 from gpupool.logs import configure_logging
 from gpupool.services.auth import PrincipalCache
 from gpupool.services.oidc import OidcClient, OidcConfig, RoleMap
@@ -28,6 +35,7 @@ from gpupool.services.sessions import first_admin, session_key
 from gpupool.services.sso import Sso
 from gpupool.settings import Settings
 from gpupool.store.engine import make_engine, migrate, session_factory
+from gpupool.store.leases import WakeChannel
 
 log = logging.getLogger("gpupool.server")
 
@@ -108,8 +116,12 @@ def single_sign_on(settings: Settings) -> tuple[OidcConfig, RoleMap] | None:
 
 
 def build(settings: Settings) -> tuple[Context, str | None]:
-    """Everything a server needs, started except for the HTTP listener. Returns the context and, while the first
-    start waits for its admin, where this server keeps the admin's token."""
+    """Everything a server needs, started except for the HTTP listener and the scheduler loop. Returns the
+    context and, while the first start waits for its admin, where this server keeps the admin's token.
+
+    On SQLite the server is the only one and always leads. On PostgreSQL it may be one of several (replicas, or
+    --workers): the loop runs only while it holds the store's lease, and nodes are registered and running
+    launches adopted when it takes the lease, not here."""
     role_map(settings)  # a bad --oidc-role stops the start before anything is made
     try:
         gpus = discover(settings.gpus)
@@ -129,7 +141,9 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     key, token_path = store_state(settings, sessions)
     sso = None if oidc is None else Sso(OidcClient(oidc[0]), oidc[1], key)
     holder: list[Controller] = []
+    replicated = engine.dialect.name == "postgresql"
     backend: Backend
+    rebuild: Callable[[], Backend] | None = None
     if settings.backend == "kubernetes":
         from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 
@@ -139,26 +153,56 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         )  # fmt: skip
         backend = KubernetesBackend(kube, on_change=lambda: holder[0].wake() if holder else None)
     else:
-        backend = LocalBackend(
-            settings.data_dir,
-            settings.node_name or socket.gethostname(),
-            settings.pool,
-            gpus,
-            on_exit=lambda: holder[0].wake() if holder else None,
-            isolation=isolation(settings),
-            uid_base=settings.uid_base,
+        sandbox = isolation(settings)
+
+        def local(kind: type[LocalBackend]) -> LocalBackend:
+            return kind(
+                settings.data_dir, settings.node_name or socket.gethostname(), settings.pool, gpus,
+                on_exit=lambda: holder[0].wake() if holder else None, isolation=sandbox, uid_base=settings.uid_base,
+            )  # fmt: skip
+
+        # Replicas on one host share the data dir's run records: one that does not lead must leave them alone
+        # (adopting sweeps half-made launches, which the leader may be making); it adopts when it takes over.
+        backend = local(PassiveLocalBackend if replicated else LocalBackend)
+        rebuild = lambda: local(LocalBackend)  # noqa: E731
+    leadership: Leadership | None = None
+    if replicated:
+        lease_engine = make_engine(settings.database_url)  # a pool of its own: renewals never queue behind requests
+        leadership = Leadership(
+            session_factory(lease_engine), ttl_s=settings.lease_ttl_s, wakes=WakeChannel(lease_engine)
         )
+        backend = LeaderBackend(backend, leadership, rebuild)
     controller = Controller(
         sessions,
         backend,
         interval_s=settings.interval_s,
         telemetry_interval_s=settings.telemetry_interval_s,
         inventory_interval_s=10.0 if settings.backend == "kubernetes" else None,
+        fence=None if leadership is None else leadership.fence,
     )
     holder.append(controller)
-    controller.register_nodes()
+    if leadership is None:
+        controller.register_nodes()
+    else:
+        controller.loop.follow(leadership, lambda: take_over(controller, backend))
     principals = PrincipalCache(first_admin_file=settings.data_dir / "admin-token")
     return Context(settings, sessions, backend, controller, principals, sso=sso), token_path
+
+
+class PassiveLocalBackend(LocalBackend):
+    """The local backend of a server that does not lead (yet): it reads logs and reaches apps, and adopts
+    nothing, so it never sweeps the run records the leader is writing."""
+
+    def _adopt(self) -> None:
+        pass
+
+
+def take_over(controller: Controller, backend: Backend) -> None:
+    """A new term: adopt what runs (the last leader may have launched it) and register this server's nodes."""
+    if isinstance(backend, LeaderBackend):
+        backend.adopt()
+    controller.register_nodes()
+    log.info("took over the scheduler: nodes registered, running launches adopted")
 
 
 def check_tls(settings: Settings) -> None:
@@ -202,7 +246,12 @@ def serve(settings: Settings, announce: bool = True) -> None:
             print(f"gpupool: single sign-on with {settings.oidc_issuer}; {len(ctx.sso.roles.entries)} group "
                   f"mapping(s); callback {settings.sso_redirect_uri}")  # fmt: skip
         scheme = "https" if settings.tls else "http"
+        if settings.workers > 1:
+            print(f"gpupool: {settings.workers} API workers; the scheduler runs in the one holding the store's lease")
         print(f"gpupool: API on {scheme}://{settings.host}:{settings.port}  (docs at /docs)", flush=True)
+    if settings.workers > 1:
+        serve_workers(settings)  # each worker builds its own context; this one was for the checks and the words
+        return
     ctx.controller.start()
     try:
         app = create_app(ctx)
@@ -213,6 +262,73 @@ def serve(settings: Settings, announce: bool = True) -> None:
         )  # fmt: skip
     finally:
         ctx.controller.stop()
+
+
+_worker_settings: Settings | None = None
+"""A worker's settings: they come in its WorkerConfig, over the pipe that starts it (never the environment,
+which would show a database password to whoever reads /proc)."""
+
+
+class WorkerConfig(uvicorn.Config):
+    """uvicorn's configuration for --workers: the app is the import string of a factory (each worker process
+    imports it afresh), and the settings travel with the configuration to every worker."""
+
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        super().__init__("gpupool.server:worker_app", factory=True, **kwargs)
+        self.gpupool_settings = settings
+
+    def load(self) -> None:
+        global _worker_settings
+        _worker_settings = self.gpupool_settings
+        super().load()
+
+
+def serve_workers(settings: Settings) -> None:
+    """`settings.workers` processes on one listening socket (PostgreSQL only: Settings refuses SQLite)."""
+    config = WorkerConfig(
+        settings, host=settings.host, port=settings.port, workers=settings.workers, log_level="warning",
+        access_log=False, log_config=None, ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
+    )  # fmt: skip
+    Multiprocess(config, sockets=[config.bind_socket()]).run()
+
+
+def worker_app() -> ASGIApp:
+    """One worker's app: a full context, its scheduler loop started (it runs cycles only while it leads)."""
+    settings = _worker_settings
+    if settings is None:
+        raise RuntimeError("gpupool.server:worker_app is started by `gpupool server --workers N`")
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        ctx, _ = build(settings)
+    except StartupError as e:
+        log.error("worker %d cannot start: %s", os.getpid(), e)
+        sys.exit(STARTUP_FAILURE)  # the supervisor stops rather than restarting it for ever
+    ctx.controller.start()
+    app = create_app(ctx)
+    setup_tracing(app)
+    return StopsWith(app, ctx.controller.stop)
+
+
+class StopsWith:
+    """Runs `on_stop` (in a thread) when the server shuts down, before the app's own shutdown: a worker gives up
+    the lease as it goes, so that another takes over at once."""
+
+    def __init__(self, app: ASGIApp, on_stop: Callable[[], None]) -> None:
+        self.app = app
+        self.on_stop = on_stop
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def relay() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                await anyio.to_thread.run_sync(self.on_stop)
+            return message
+
+        await self.app(scope, relay, send)
 
 
 def _redact(url: str) -> str:

@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     """'auto' (NVML, else simulated), 'nvml', or 'fake:<count>x<model>-<memory GB>[,...]'."""
     pool: str = "default"
     node_name: str | None = None
+    workers: int = Field(1, ge=1, le=64)
+    """API worker processes (PostgreSQL only). Each serves the API; the scheduler loop runs in the one that holds
+    the store's lease."""
+    lease_ttl_s: float = Field(10.0, ge=2, le=300)
+    """PostgreSQL: how long the leader's lease lasts unrenewed. It is renewed every fifth of this; a standby takes
+    over within about 1.1 times this of the leader's death, and a leader that cannot renew stops acting after
+    four fifths of it."""
     interval_s: float = Field(2.0, gt=0)
     """The loop also runs on every submit, cancel and process exit; this is the longest it waits."""
     grace_s: float = Field(30.0, ge=0)
@@ -171,6 +178,12 @@ class Settings(BaseSettings):
                 f"--host {self.host}: refusing to serve plain HTTP beyond this machine (tokens would cross the "
                 "network in clear). Give --tls-cert and --tls-key, or --insecure-http where TLS ends in front "
                 "of the server"
+            )
+        sqlite_store = self.db_url is None or make_url(self.db_url).get_backend_name() == "sqlite"
+        if self.workers > 1 and sqlite_store:
+            raise ValueError(
+                f"--workers {self.workers} needs PostgreSQL (--db postgresql://...): SQLite has one writer at a time "
+                "and one server per file, so run one worker on it"
             )
         if self.db_url is not None:
             check_db_url(self.db_url)

@@ -24,7 +24,7 @@ FIELDS = {
     "pool_label": "pool_label", "image": "default_image", "gpus": "gpus", "pool": "pool", "interval": "interval_s",
     "grace": "grace_s", "telemetry_interval": "telemetry_interval_s", "price": "prices", "min_runtime": "min_runtime_s",
     "single_user": "single_user", "uid_base": "uid_base", "public_url": "public_url", "app_recheck": "app_recheck_s",
-    "log_format": "log_format", "log_level": "log_level",
+    "log_format": "log_format", "log_level": "log_level", "workers": "workers", "lease_ttl": "lease_ttl_s",
     "oidc_issuer": "oidc_issuer", "oidc_client_id": "oidc_client_id",
     "oidc_client_secret_file": "oidc_client_secret_file", "oidc_role": "oidc_roles",
     "oidc_groups_claim": "oidc_groups_claim", "session_secret_file": "session_secret_file",
@@ -103,6 +103,18 @@ def server(
         str, typer.Option("--gpus", help="auto, nvml, or fake:<count>x<model>-<memory GB>[,...]")
     ] = _default("gpus"),
     pool: Annotated[str, typer.Option("--pool", help="The pool this host's GPUs belong to.")] = _default("pool"),
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers", help="API worker processes (PostgreSQL only); one of them, the lease's holder, schedules."
+        ),
+    ] = _default("workers"),
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            "--lease-ttl", help="Seconds the leader's lease lasts unrenewed (PostgreSQL); a standby takes over after."
+        ),
+    ] = _default("lease_ttl_s"),
     interval: Annotated[
         float, typer.Option("--interval", help="Longest seconds between scheduling cycles.")
     ] = _default("interval_s"),

@@ -64,8 +64,20 @@ def _dialect(s: Session) -> str:
     return s.get_bind().dialect.name
 
 
+def _bounded(s: Session, ttl_s: float) -> None:
+    """On PostgreSQL, for the rest of this transaction: a wait for the lease's row lock gives up after a fifth of
+    the TTL, and a session that holds the lock but stops talking (its server paused or cut off between the update
+    and the commit) is ended by the database after half the TTL, so that it cannot keep a standby from taking
+    over, and its commit, if it ever comes, fails."""
+    if _dialect(s) == "postgresql":
+        local = func.set_config  # set_config(name, value, true) is SET LOCAL, with parameters
+        lock, idle = str(max(1, int(ttl_s * 200))), str(max(1, int(ttl_s * 500)))
+        s.execute(select(local("lock_timeout", lock, True), local("idle_in_transaction_session_timeout", idle, True)))
+
+
 def acquire(s: Session, name: str, holder: str, ttl_s: float) -> int | None:
     """Take the lease if nobody holds it or its holder's has run out: the new epoch, else None. Not committed."""
+    _bounded(s, ttl_s)
     dialect = _dialect(s)
     now = db_now(dialect)
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
@@ -82,6 +94,7 @@ def renew(s: Session, name: str, holder: str, epoch: int, ttl_s: float) -> bool:
     """Extend the lease if it is still this holder's epoch; whether it was. Not committed: inside a cycle's
     transaction this is its fence (on PostgreSQL the row stays locked until the commit, so nobody takes the
     lease between the check and the commit)."""
+    _bounded(s, ttl_s)
     now = db_now(_dialect(s))
     stmt = (
         update(LeaseRow)
