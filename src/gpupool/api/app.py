@@ -1,18 +1,24 @@
-"""The FastAPI application factory. Everything it serves is under /api/v1, except /healthz and /metrics."""
+"""The FastAPI application factory. Everything it serves is under /api/v1, except /healthz, /readyz and /metrics."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import DBAPIError, PendingRollbackError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpupool import __version__
 from gpupool.api.auditing import AuditTrail
 from gpupool.api.deps import Context
 from gpupool.api.errors import BodyLimit, NoNul, validation_error
+from gpupool.api.outage import StoreGuard, StoreWatch, store_error
 from gpupool.api.routers import access, apps, docs, nodes, org, pools, portal, sso, system, workloads
 from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
@@ -58,7 +64,20 @@ def _operation_id(route: APIRoute) -> str:
 
 
 def create_app(ctx: Context) -> FastAPI:
+    watch = StoreWatch(ctx.sessions.kw["bind"])
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Started with the server, not here: an app served in-process without a lifespan (the tests') has no
+        # watch, and its requests pass unguarded.
+        watch.start()
+        try:
+            yield
+        finally:
+            watch.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="gpupool",
         version=__version__,
         description="A self-service internal GPU cloud.",
@@ -67,12 +86,15 @@ def create_app(ctx: Context) -> FastAPI:
         redoc_url=None,
     )
     app.state.ctx = ctx
+    app.state.store_watch = watch
 
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse({"detail": exc.message}, status_code=exc.status)
 
     app.add_exception_handler(RequestValidationError, validation_error)
+    for fault in (DBAPIError, PoolTimeout, PendingRollbackError):
+        app.add_exception_handler(fault, store_error)
 
     app.include_router(system.router)
     app.include_router(docs.router)
@@ -92,5 +114,6 @@ def create_app(ctx: Context) -> FastAPI:
     app.add_middleware(NoNul)
     app.add_middleware(BodyLimit)  # inside SecurityHeaders, so that a 413 carries the headers too
     app.add_middleware(AuditTrail)  # outside BodyLimit: a refused body is recorded too
+    app.add_middleware(StoreGuard, watch=watch)  # outside AuditTrail: no record is attempted while the store is down
     app.add_middleware(SecurityHeaders)
     return app

@@ -34,6 +34,7 @@ from gpupool.models.schemas import (
     ProjectCreate,
     QueuePublic,
     QuotaUpdate,
+    Readiness,
     SsoConfig,
     UsageReport,
     UserCreate,
@@ -86,12 +87,13 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _call(self, method: str, path: str, *, accept: tuple[int, ...] = (), **kw: Any) -> httpx.Response:
+        """The response; an error status not in `accept` is raised as ApiError."""
         try:
             resp = self._http.request(method, path, **kw)
         except httpx.HTTPError as e:
             raise ApiError(0, f"cannot reach gpupool at {self.url}: {e}") from None
-        if resp.status_code >= 400:
+        if resp.status_code >= 400 and resp.status_code not in accept:
             raise ApiError(resp.status_code, _reason(resp))
         return resp
 
@@ -109,6 +111,11 @@ class Client:
     # -- system ---------------------------------------------------------------------------------------------
     def health(self) -> Health:
         return self._get(Health, "/healthz")
+
+    def ready(self) -> Readiness:
+        """/readyz: whether the server should get traffic (store and scheduler loop). A server that is not ready
+        answers 503 with the same report, returned here rather than raised."""
+        return Readiness.model_validate(self._call("GET", "/readyz", accept=(503,)).json())
 
     def whoami(self) -> WhoAmI:
         return self._get(WhoAmI, "/api/v1/whoami")

@@ -332,8 +332,26 @@ class WhoAmI(Reply):
 
 
 class Health(Reply):
+    """/healthz: the server process answers (liveness); it says nothing of the store."""
+
     status: Literal["ok"]
     version: str
+
+
+StoreState = Literal["ok", "unavailable", "unknown"]
+SchedulerState = Literal["ok", "standby", "starting", "failing", "stalled", "stopped"]
+
+
+class Readiness(Reply):
+    """/readyz: whether this server should be sent traffic, and which part holds it back. 200 when ready, 503
+    with the same body when not."""
+
+    status: Literal["ready", "not ready"]
+    store: StoreState
+    """unknown: the store is not watched (an app served without its lifespan)."""
+    scheduler: SchedulerState
+    """standby: another replica leads and this one serves the API (ready); starting: no cycle has completed
+    yet; failing: cycles have failed for a while; stalled: a cycle has run far too long; stopped: no loop."""
 
 
 class PoolUpdate(Wire):

@@ -1,16 +1,20 @@
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
 from gpupool import __version__
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, bearer, get_principal, plausible_token
 from gpupool.api.errors import ERRORS
 from gpupool.api.metrics import render
-from gpupool.models.schemas import Health, WhoAmI
+from gpupool.api.outage import StoreWatch
+from gpupool.control.loop import LoopHealth
+from gpupool.models.schemas import Health, Readiness, SchedulerState, StoreState, WhoAmI
 from gpupool.services import tokens
 from gpupool.services.auth import Principal
 from gpupool.store.tables import QueueRow
@@ -19,8 +23,40 @@ router = APIRouter()
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
+    """Liveness: answered on the event loop, so neither the store nor a thread pool it has blocked delays it."""
     return Health(status="ok", version=__version__)
+
+
+FAILING_INTERVALS = 3
+"""Cycles may fail for this many intervals (2 s at least) before the server says it is not ready."""
+STALLED_INTERVALS = 10
+"""A cycle that has not completed for this many intervals (30 s at least) has stalled."""
+
+
+def scheduler_state(loop: LoopHealth, interval_s: float, now: float) -> SchedulerState:
+    if not loop.running:
+        return "stopped"
+    if loop.failing_since is not None and now - loop.failing_since > max(FAILING_INTERVALS * interval_s, 2.0):
+        return "failing"
+    if loop.last_ok_at is None:
+        return "starting"
+    if loop.failing_since is None and now - loop.last_ok_at > max(STALLED_INTERVALS * interval_s, 30.0):
+        return "stalled"
+    return "ok" if loop.leader else "standby"
+
+
+@router.get("/readyz", response_model=Readiness, include_in_schema=False)
+async def readyz(request: Request, ctx: ContextDep) -> JSONResponse:
+    """Readiness, without a token and without detail that could help an attacker: whether the store answers
+    (as the store watch last saw it, within a second) and the scheduler loop is running and not failing."""
+    watch: StoreWatch = request.app.state.store_watch
+    store: StoreState = "unknown" if not watch.running else "unavailable" if watch.down else "ok"
+    loop = ctx.controller.loop
+    scheduler = scheduler_state(loop.health(), loop.interval_s, time.monotonic())
+    ready = store == "ok" and scheduler in ("ok", "standby")
+    body = Readiness(status="ready" if ready else "not ready", store=store, scheduler=scheduler)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503, headers={"Cache-Control": "no-store"})
 
 
 async def scraper_or_caller(
