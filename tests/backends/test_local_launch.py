@@ -234,6 +234,22 @@ def test_a_restarted_backend_reports_members_that_ended_while_it_was_down(
     assert sorted(p.name for p in (tmp_path / "data" / "run").iterdir()) == ["8-1-0.json", "8-1-0.lock"]
 
 
+def test_a_record_from_before_launch_locks_is_adopted_by_its_pid(
+    backends: Callable[..., LocalBackend], tmp_path: Path
+) -> None:
+    run = tmp_path / "data" / "run"
+    run.mkdir(parents=True)
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    ticks = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    record = {"pid": proc.pid, "start_ticks": ticks, "enforced": False, "devices": [[0, 1000, 81920]]}
+    (run / "11-0-0.json").write_text(json.dumps(record))
+    b = backends()
+    assert b.observe()["11-0-0"].alive
+    b.stop("11-0-0", force=True)
+    assert proc.wait(20) == -signal.SIGKILL
+    assert _ended(b, "11-0-0") is None
+
+
 # -- a full disk ------------------------------------------------------------------------------------------------
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:

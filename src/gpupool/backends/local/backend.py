@@ -374,6 +374,8 @@ class LocalBackend:
         run.ended = not found.running
         with self._lock:
             self._runs[alloc_id] = run
+        if found.running and found.pid is None:
+            log.warning("launch %s runs (its lock is held), but its wrapper was not found to stop it", alloc_id)
         if not found.running or found.pid is None:
             return
         try:

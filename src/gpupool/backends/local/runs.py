@@ -95,7 +95,12 @@ class RunDir:
     def claim(self, alloc_id: str) -> int | None:
         """The allocation's lock file, opened (made if need be) and locked: its descriptor, or None where another
         holds it (its wrapper runs, or another launch of it is under way)."""
-        fd = os.open(self.lock_path(alloc_id), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, INTENT_MODE)
+        path = self.lock_path(alloc_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, INTENT_MODE)
+            os.fchmod(fd, INTENT_MODE)  # whatever the umask: only the wrapper's mark may read as started
+        except FileExistsError:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -196,11 +201,13 @@ class RunDir:
         return None
 
     def sweep(self) -> None:
-        """Remove what a crash left half made: temporary files, and lock or exit files without a record."""
+        """Remove what a crash left half made: records being written, and lock or exit files without a record.
+        (Not a wrapper's exit file being written, `<alloc>.exit.tmp`: the wrapper may be about to rename it.)"""
         records = set(self.allocations())
         for path in self.path.iterdir():
             orphan = path.suffix in (".lock", ".exit") and path.stem not in records
-            if path.suffix == ".tmp" or (orphan and not (path.suffix == ".lock" and _held(path))):
+            half_written = path.suffix == ".tmp" and ".json." in path.name
+            if half_written or (orphan and not (path.suffix == ".lock" and _held(path))):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
 
