@@ -24,8 +24,10 @@ import httpx
 import psutil
 import pytest
 
+from gpupool.api.routers.system import scheduler_state
 from gpupool.client import ApiError
-from gpupool.models.schemas import ProjectCreate
+from gpupool.control.loop import LoopHealth
+from gpupool.models.schemas import ProjectCreate, Readiness
 from tests.e2e.conftest import Server, Servers, wait_for
 from tests.e2e.postgres import Postgres, _bin
 from tests.faults.conftest import check_invariants, kill_members
@@ -77,6 +79,7 @@ def started(tmp_path: Path, db_url: str | None, *args: str) -> Iterator[Server]:
         s = servers.start(db_url, "fake:1xH100-80GB", args)
         s.client().create_project(ProjectCreate(name="p", deserved_gpus=1))
         wait_for(lambda: s.client().ready().status == "ready", 30, "the server to be ready")
+        assert s.client().ready() == Readiness(status="ready", store="ok", scheduler="ok")
         yield s
     finally:
         servers.close()
@@ -160,6 +163,25 @@ def survives(tmp_path: Path, db_url: str, fault: Callable[[Server], object], rep
     outage_logged_once(s)
     check_invariants(s, storm.acked)
     return f"first 503 after {first:.2f} s, slowest 503 {slowest:.2f} s, answering {back:.2f} s after the repair"
+
+
+@pytest.mark.parametrize(
+    ("health", "state"),
+    [
+        (LoopHealth(running=False, leader=True, last_ok_at=99.0, failing_since=None), "stopped"),
+        (LoopHealth(running=True, leader=True, last_ok_at=None, failing_since=None), "starting"),
+        (LoopHealth(running=True, leader=True, last_ok_at=99.0, failing_since=None), "ok"),
+        (LoopHealth(running=True, leader=False, last_ok_at=99.0, failing_since=None), "standby"),
+        (LoopHealth(running=True, leader=True, last_ok_at=90.0, failing_since=98.5), "ok"),  # 1.5 s of 2
+        (LoopHealth(running=True, leader=True, last_ok_at=90.0, failing_since=97.5), "failing"),
+        (LoopHealth(running=True, leader=False, last_ok_at=None, failing_since=90.0), "failing"),
+        (LoopHealth(running=True, leader=True, last_ok_at=60.0, failing_since=None), "stalled"),  # 40 s of 30
+    ],
+)
+def test_readiness_names_the_state_of_the_scheduler_loop(health: LoopHealth, state: str) -> None:
+    """At 100 s on the loop's clock, with cycles every 0.5 s: failing for over 2 s (three intervals, 2 s at
+    least), stalled after 30 s without a cycle ending (ten intervals, 30 s at least)."""
+    assert scheduler_state(health, 0.5, 100.0) == state
 
 
 # -- PostgreSQL ----------------------------------------------------------------------------------------------

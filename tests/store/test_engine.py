@@ -133,3 +133,18 @@ def test_a_sqlite_statement_error_is_not_taken_for_a_fault(tmp_path: Path) -> No
             conn.exec_driver_sql("SELECT * FROM missing")
         assert not failed.value.connection_invalidated
     engine.dispose()
+
+
+@pytest.mark.parametrize(("query", "level"), [("", 1), ("?synchronous=full", 2), ("?synchronous=NORMAL", 1)])
+def test_sqlite_syncs_the_wal_at_checkpoints_unless_the_url_asks_for_every_commit(
+    tmp_path: Path, query: str, level: int
+) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}{query}")
+    with engine.connect() as conn:
+        assert (conn.exec_driver_sql("PRAGMA synchronous").scalar(), engine.url.query) == (level, {})
+    engine.dispose()
+
+
+def test_a_sqlite_url_asking_for_another_synchronous_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="synchronous=off: expected one of normal, full"):
+        make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}?synchronous=off")

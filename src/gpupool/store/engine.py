@@ -11,7 +11,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -53,6 +53,12 @@ def _drop_faulty_sqlite(context: ExceptionContext) -> None:
         context.is_disconnect = True
 
 
+SYNCHRONOUS = ("normal", "full")
+"""SQLite's `synchronous` settings a URL may ask for (`sqlite:///path?synchronous=full`); docs/operations.md says
+what each costs and what a power loss can take."""
+DEFAULT_SYNCHRONOUS = "normal"
+
+
 def make_engine(url: str) -> Engine:
     """An engine for a SQLAlchemy URL; SQLite gets WAL and a busy timeout so the API and the loop share it."""
     if not faulthandler.is_enabled() and sys.stderr is not None:
@@ -62,13 +68,18 @@ def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        parsed = make_url(url)
+        synchronous = str(parsed.query.get("synchronous", DEFAULT_SYNCHRONOUS)).lower()
+        if synchronous not in SYNCHRONOUS:
+            raise ValueError(f"synchronous={synchronous[:20]}: expected one of {', '.join(SYNCHRONOUS)}")
+        parsed = parsed.difference_update_query(["synchronous"])
+        engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute(f"PRAGMA synchronous={synchronous.upper()}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
 
