@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import pwd
 import shutil
 import subprocess
@@ -298,7 +299,8 @@ class Sandbox:
             host = Path(f"/etc/{kind}").read_text()
             text = host + ("" if host.endswith("\n") else "\n") + line
             if not path.exists() or path.read_text() != text:
-                tmp = path.with_suffix(".tmp")
+                # A name of its own per file and thread: parallel launches of one project write the same pair.
+                tmp = path.with_name(f"{path.name}.{threading.get_native_id()}.tmp")
                 tmp.write_text(text)
                 os.chmod(tmp, 0o644)
                 tmp.replace(path)
