@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import pwd
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
