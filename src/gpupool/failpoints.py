@@ -51,6 +51,15 @@ _COUNTS: dict[str, int] = {}
 _LOCK = threading.Lock()
 
 
+def arm(text: str) -> None:
+    """Arm failpoints in this process as GPUPOOL_FAILPOINTS would (an in-process test's way); "" disarms all."""
+    armed = _parse(text)
+    with _LOCK:
+        _ARMED.clear()
+        _ARMED.update(armed)
+        _COUNTS.clear()
+
+
 def failpoint(name: str) -> None:
     """Do what the test armed at `name`; nothing where it armed nothing (always, outside tests)."""
     if not _ARMED:
