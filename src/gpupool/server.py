@@ -143,7 +143,6 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     holder: list[Controller] = []
     replicated = engine.dialect.name == "postgresql"
     backend: Backend
-    rebuild: Callable[[], Backend] | None = None
     if settings.backend == "kubernetes":
         from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 
@@ -164,14 +163,13 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         # Replicas on one host share the data dir's run records: one that does not lead must leave them alone
         # (adopting sweeps half-made launches, which the leader may be making); it adopts when it takes over.
         backend = local(PassiveLocalBackend if replicated else LocalBackend)
-        rebuild = lambda: local(LocalBackend)  # noqa: E731
     leadership: Leadership | None = None
     if replicated:
         lease_engine = make_engine(settings.database_url)  # a pool of its own: renewals never queue behind requests
         leadership = Leadership(
             session_factory(lease_engine), ttl_s=settings.lease_ttl_s, wakes=WakeChannel(lease_engine)
         )
-        backend = LeaderBackend(backend, leadership, rebuild)
+        backend = LeaderBackend(backend, leadership)
     controller = Controller(
         sessions,
         backend,
@@ -190,11 +188,19 @@ def build(settings: Settings) -> tuple[Context, str | None]:
 
 
 class PassiveLocalBackend(LocalBackend):
-    """The local backend of a server that does not lead (yet): it reads logs and reaches apps, and adopts
-    nothing, so it never sweeps the run records the leader is writing."""
+    """The local backend of one of several servers on a host and data dir: until it leads it reads logs and
+    reaches apps but adopts nothing, so it never sweeps the run records the leader is writing; `adopt` (on
+    taking the lease) takes up every launch the records name."""
+
+    leading = False
 
     def _adopt(self) -> None:
-        pass
+        if self.leading:
+            super()._adopt()
+
+    def adopt(self) -> None:
+        self.leading = True
+        self._adopt()
 
 
 def take_over(controller: Controller, backend: Backend) -> None:

@@ -100,6 +100,11 @@ class Leadership:
             raise Deposed(f"not the leader (epoch {epoch} is over)")
 
     # -- the lease's thread --------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One try to take or renew the lease, now (a server starting: if nobody leads, it leads before it
+        serves, as a lone server always did)."""
+        self._step()
+
     def start(self, on_wake: Callable[[], None] | None = None) -> None:
         """Start keeping the lease; with a wake channel, `on_wake` runs for every wake-up another server sends."""
         self._threads = [threading.Thread(target=self._run, name="gpupool-lease", daemon=True)]
@@ -225,24 +230,15 @@ def _short(e: BaseException) -> str:
 
 class LeaderBackend:
     """The backend as a leader drives it: launches, stops and forgets only while this server may act, so a
-    deposed leader that resumes in the middle of a cycle touches nothing. Reads pass through.
+    deposed leader that resumes in the middle of a cycle touches nothing. Reads pass through. On a new term
+    `adopt` takes up what runs, where the backend needs telling (the local one: another server on this host
+    and data dir may have launched it); the Kubernetes backend's watch sees every pod by itself."""
 
-    On a new term `adopt` takes up what runs: the backend's own `adopt()` where it has one, else a backend
-    built afresh (`rebuild`), whose start reads every run record (another server on this host and data dir
-    may have launched them)."""
-
-    def __init__(self, inner: Backend, leadership: Leadership, rebuild: Callable[[], Backend] | None = None) -> None:
+    def __init__(self, inner: Backend, leadership: Leadership) -> None:
         self.inner = inner
         self.leadership = leadership
-        self._rebuild = rebuild
 
     def adopt(self) -> None:
-        if self._rebuild is not None:
-            old, self.inner = self.inner, self._rebuild()
-            close = getattr(old, "close", None)
-            if callable(close):
-                close()
-            return
         adopt = getattr(self.inner, "adopt", None)
         if callable(adopt):
             adopt()

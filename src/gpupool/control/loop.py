@@ -3,6 +3,7 @@ and how the loop is doing (for /readyz)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -38,6 +39,8 @@ class Lead(Protocol):
     def term(self) -> int | None: ...
 
     def notify(self) -> None: ...
+
+    def step(self) -> None: ...
 
     def reached(self) -> tuple[float | None, float | None]: ...
 
@@ -94,8 +97,16 @@ class SchedulerLoop:
             lead.notify()
 
     def start(self) -> None:
-        if self._lead is not None:
-            self._lead.start(on_wake=self._wake.set)
+        lead = self._lead
+        if lead is not None:
+            # Where nobody leads (a first start), take over before the API serves, so it never answers with no
+            # nodes registered; where another leads, this server is a standby from the start.
+            lead.step()
+            term = lead.term()
+            if term is not None:
+                with contextlib.suppress(Exception):  # logged; the loop tries again
+                    self._take_over(term)
+            lead.start(on_wake=self._wake.set)
         self._thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
         self._thread.start()
 
