@@ -146,5 +146,5 @@ def test_sqlite_syncs_the_wal_at_checkpoints_unless_the_url_asks_for_every_commi
 
 
 def test_a_sqlite_url_asking_for_another_synchronous_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="synchronous=off: expected one of normal, full"):
+    with pytest.raises(ValueError, match="--db: synchronous=off: expected one of normal, full"):
         make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}?synchronous=off")

@@ -59,6 +59,14 @@ what each costs and what a power loss can take."""
 DEFAULT_SYNCHRONOUS = "normal"
 
 
+def sqlite_synchronous(url: str) -> str:
+    """The `synchronous` a SQLite URL asks for; ValueError, with a sentence, for one not in SYNCHRONOUS."""
+    value = str(make_url(url).query.get("synchronous", DEFAULT_SYNCHRONOUS)).lower()
+    if value not in SYNCHRONOUS:
+        raise ValueError(f"--db: synchronous={value[:20]}: expected one of {', '.join(SYNCHRONOUS)}")
+    return value
+
+
 def make_engine(url: str) -> Engine:
     """An engine for a SQLAlchemy URL; SQLite gets WAL and a busy timeout so the API and the loop share it."""
     if not faulthandler.is_enabled() and sys.stderr is not None:
@@ -68,11 +76,8 @@ def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     if url.startswith("sqlite"):
-        parsed = make_url(url)
-        synchronous = str(parsed.query.get("synchronous", DEFAULT_SYNCHRONOUS)).lower()
-        if synchronous not in SYNCHRONOUS:
-            raise ValueError(f"synchronous={synchronous[:20]}: expected one of {', '.join(SYNCHRONOUS)}")
-        parsed = parsed.difference_update_query(["synchronous"])
+        synchronous = sqlite_synchronous(url)
+        parsed = make_url(url).difference_update_query(["synchronous"])
         engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
