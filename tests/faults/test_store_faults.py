@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -24,10 +25,12 @@ import httpx
 import psutil
 import pytest
 
+from gpupool.api.outage import store_fault
 from gpupool.api.routers.system import scheduler_state
 from gpupool.client import ApiError
 from gpupool.control.loop import LoopHealth
 from gpupool.models.schemas import ProjectCreate, Readiness
+from gpupool.store.engine import make_engine
 from tests.e2e.conftest import Server, Servers, wait_for
 from tests.e2e.postgres import Postgres, _bin
 from tests.faults.conftest import check_invariants, kill_members
@@ -163,6 +166,36 @@ def survives(tmp_path: Path, db_url: str, fault: Callable[[Server], object], rep
     outage_logged_once(s)
     check_invariants(s, storm.acked)
     return f"first 503 after {first:.2f} s, slowest 503 {slowest:.2f} s, answering {back:.2f} s after the repair"
+
+
+def _error(url: str, sql: str) -> Exception:
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS t (x INTEGER PRIMARY KEY)")
+            conn.exec_driver_sql(sql)
+    except Exception as e:
+        return e
+    finally:
+        engine.dispose()
+    raise AssertionError(f"{sql} did not fail")
+
+
+def test_only_errors_of_the_store_itself_are_answered_503(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens there once the socket is closed
+    errors = {
+        "statement": _error(db, "SELECT * FROM missing"),
+        "constraint": _error(db, "INSERT INTO t VALUES (1), (1)"),
+        "no server": _error(f"postgresql://postgres@127.0.0.1:{closed}/none", "SELECT 1"),
+    }
+    assert {what: store_fault(e) for what, e in errors.items()} == {
+        "statement": False,
+        "constraint": False,
+        "no server": True,
+    }
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,7 @@ def store_fault(exc: BaseException) -> bool:
     if exc.connection_invalidated:
         return True
     if isinstance(exc.orig, sqlite3.Error):
-        return sqlite_fault(exc.orig) or getattr(exc.orig, "sqlite_errorcode", 0) & 0xFF in SQLITE_BUSY
+        return sqlite_fault(exc.orig) or (getattr(exc.orig, "sqlite_errorcode", None) or 0) & 0xFF in SQLITE_BUSY
     return isinstance(exc, OperationalError)
 
 
