@@ -10,6 +10,7 @@ import uuid
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpupool.api.outage import store_fault
 from gpupool.services import audit
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -69,5 +70,9 @@ def _write(scope: Scope, entry: audit.Entry) -> None:
     try:
         with ctx.sessions() as session:
             audit.record(session, entry)
-    except Exception:  # the request has been answered; losing its record must not hide that it happened
+    except Exception as e:  # the request has been answered; losing its record must not hide that it happened
+        if store_fault(e):  # the store watch logs the outage once; a traceback per request would bury it
+            log.warning("could not write the audit record of request %s (%s): the store is unavailable",
+                        entry.request_id, entry.action)  # fmt: skip
+            return
         log.exception("could not write the audit record of request %s (%s)", entry.request_id, entry.action)

@@ -46,7 +46,7 @@ def scheduler_state(loop: LoopHealth, interval_s: float, now: float) -> Schedule
     return "ok" if loop.leader else "standby"
 
 
-@router.get("/readyz", response_model=Readiness, include_in_schema=False)
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(request: Request, ctx: ContextDep) -> JSONResponse:
     """Readiness, without a token and without detail that could help an attacker: whether the store answers
     (as the store watch last saw it, within a second) and the scheduler loop is running and not failing."""
