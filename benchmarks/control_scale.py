@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import gc
 import json
 import os
 import platform
@@ -193,6 +195,25 @@ def _allocation(n: int, wid: int, now: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
+class GcTime:
+    """Time spent in the cyclic garbage collector, by generation (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._started
+
+    def take(self) -> list[float]:
+        out, self.seconds = self.seconds, [0.0, 0.0, 0.0]
+        return out
+
+
 class Steps:
     """Per-cycle durations of each step, read off the controller's step histogram."""
 
@@ -303,6 +324,7 @@ def main() -> None:
     ap.add_argument("--page-param", default="after", choices=("after", "cursor"))
     ap.add_argument("--db", default=None, help="postgresql (a throwaway server) or a URL; default SQLite")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", default=None, help="write a cProfile file of the last steady cycle here")
     args = ap.parse_args()
     if args.running > args.nodes * GPUS_PER_NODE:
         ap.error("--running is at most --nodes × 8 (one GPU each)")
@@ -337,13 +359,21 @@ def run(args: argparse.Namespace, root: Path, url: str | None) -> dict[str, Any]
     print(f"first cycle: {first:.2f} s", flush=True)
     totals: list[float] = []
     deltas: list[dict[str, float]] = []
+    gc_time = GcTime()
+    gc_s: list[float] = []
     binds = 0
     for i in range(args.cycles):
         backend.end(args.end_per_cycle, rng)
+        profile = cProfile.Profile() if args.profile and i == args.cycles - 1 else None
         t = time.perf_counter()
-        controller.cycle()
+        if profile is not None:
+            profile.runcall(controller.cycle)
+            profile.dump_stats(args.profile)
+        else:
+            controller.cycle()
         totals.append(time.perf_counter() - t)
         deltas.append(steps.delta())
+        gc_s.append(sum(gc_time.take()))
         decision = controller.last_decision
         binds += len(decision.binds) if decision is not None else 0
         print(f"steady cycle {i}: {totals[-1]:.3f} s", flush=True)
@@ -376,6 +406,7 @@ def run(args: argparse.Namespace, root: Path, url: str | None) -> dict[str, Any]
         "steady_cycle_p50_s": round(statistics.median(totals), 3),
         "steady_cycle_max_s": round(max(totals), 3),
         "steady_binds": binds,
+        "steady_gc_ms": round(1000 * statistics.median(gc_s), 1),
         "steps_ms": _steps_ms(deltas, CONTROL_STEPS),
         "core_ms": _steps_ms(deltas, CORE_STEPS),
         **latencies,

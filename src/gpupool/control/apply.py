@@ -28,9 +28,14 @@ def free_port() -> int:
 
 
 def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> list[EventRow]:
+    """The decision on these rows. A workload without a row here is not the caller's to write this way: a queued
+    one the scheduler keeps as columns (gpupool.control.view), or one written by someone else since the decision
+    was made (it is read again, and decided again, next cycle)."""
     events: list[EventRow] = []
     for bind in decision.binds:
-        row = rows[row_id(bind.workload)]
+        row = rows.get(row_id(bind.workload))
+        if row is None:
+            continue
         master = free_port() if row.workers > 1 else None
         for p in bind.placements:
             port = (row.port or free_port()) if row.type in SERVES_PORT and p.member == 0 else None
@@ -50,12 +55,19 @@ def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> lis
             )
         events.append(lifecycle.placed(row, [p.node for p in bind.placements], now))
     for ev in decision.evictions:
-        stopped = lifecycle.request_stop(rows[row_id(ev.workload)], StopReason(ev.reason.value), now, detail=ev.message)
+        victim = rows.get(row_id(ev.workload))
+        stopped = (
+            None
+            if victim is None
+            else lifecycle.request_stop(victim, StopReason(ev.reason.value), now, detail=ev.message)
+        )
         if stopped is not None:
             events.append(stopped)
     stopping = {ev.workload for ev in decision.evictions}
     for pend in decision.pending:
-        row = rows[row_id(pend.workload)]
+        row = rows.get(row_id(pend.workload))
+        if row is None:
+            continue
         nominated = sorted({x.node for x in pend.nominated})
         # A workload moved to make room is stopped and nominated elsewhere in one decision: its reason stays
         # the eviction's until it has stopped; the nomination is kept for its restart.

@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
 
 from prometheus_client import Histogram
-from sqlalchemy import select, true
+from sqlalchemy import inspect, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.backends.base import Backend, LaunchSpec, Sample
@@ -21,13 +22,15 @@ from gpupool.control.loop import SchedulerLoop
 from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.reconcile import reconcile
 from gpupool.control.usage import account
+from gpupool.control.view import WorkloadView
 from gpupool.core import Decision, SchedulerConfig, schedule
 from gpupool.core.cycle import Observer
 from gpupool.core.placement.memo import Memo
 from gpupool.failpoints import failpoint
 from gpupool.lifecycle.events import EventCode
-from gpupool.lifecycle.phases import ACTIVE, EVICTIONS
+from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, AllocPhase
 from gpupool.logs import current_cycle, cycle_context
+from gpupool.store import changes
 from gpupool.store.secrets import project_environment as secret_environment
 from gpupool.store.snapshot import build_snapshot
 from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
@@ -64,7 +67,12 @@ class Controller:
         self.clock = clock
         self.max_gap_s = max_gap_s
         self.lock = threading.RLock()
-        """Held by a cycle and by use cases that change running workloads (cancel), so they never interleave."""
+        """Held by a cycle, so that two never interleave. No request waits for it: a cancel or a resume writes its
+        row at once, and a cycle's commit leaves rows written since it read them to the next cycle."""
+        self.view = WorkloadView()
+        """The workloads as the last cycle left them; each cycle reads only what was written since."""
+        self._session: Session | None = None
+        """The cycles' session: it keeps the live rows between cycles (one cycle at a time uses it)."""
         self.telemetry_interval_s = telemetry_interval_s
         self.inventory_interval_s = inventory_interval_s
         """How often nodes are listed again (kubernetes); None: only at start (this host)."""
@@ -117,6 +125,11 @@ class Controller:
 
     def stop(self) -> None:
         self.loop.stop()
+        with self.lock:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+                self.view.reset()
 
     def _commit(self, s: Session) -> None:
         if self.fence is not None:
@@ -193,59 +206,113 @@ class Controller:
         ):
             with self._step("inventory"):
                 self.register_nodes()
-        with self.lock, self.sessions() as s:
-            started = time.perf_counter()
-            self.last_sample_s = 0.0
-            now = self.clock()
-            # Nothing is written until the decision is made: the write lock (SQLite has one) is held only for
-            # the commit, not while the scheduler thinks, so submits are never kept waiting by a cycle.
-            with s.no_autoflush:
-                with self._step("reconcile"):
-                    observed = self.backend.observe()
-                    active = WorkloadRow.state.in_(sorted(ACTIVE)) & WorkloadRow.hold.is_(False)
-                    loaded = list(s.scalars(select(WorkloadRow).where(active).order_by(WorkloadRow.id)))
-                    reconciled, ended = reconcile(loaded, observed, now)
-                    s.add_all(reconciled)
-                rows = [r for r in loaded if r.state in ACTIVE and not r.hold]
+        with self.lock:
+            if self._session is None:
+                self._session = self.sessions()
+            try:
+                return self._pass(self._session)
+            except BaseException:
+                # What the view keeps may not be what was committed: read everything again next time.
+                self._session.close()
+                self._session = None
+                self.view.reset()
+                raise
+
+    def _pass(self, s: Session) -> bool:
+        started = time.perf_counter()
+        self.last_sample_s = 0.0
+        now = self.clock()
+        # Nothing is written until the decision is made: the write lock (SQLite has one) is held only for
+        # the commit, not while the scheduler thinks, so submits are never kept waiting by a cycle.
+        with s.no_autoflush:
+            with self._step("reconcile"):
+                observed = self.backend.observe()
                 queues = list(s.scalars(select(QueueRow)))
-                nodes = {n.name: n for n in s.scalars(select(NodeRow))}
-                policies = {qid: effective(chain) for qid, chain in chains(queues).items()}
-                self._sample(s, rows, policies, nodes, now)
-                with self._step("policies"):
-                    enforced = enforce(rows, policies, now)
-                    s.add_all(enforced)
-                with self._step("snapshot"):
-                    snapshot = build_snapshot(s, rows, now)
-                with self._step("schedule"):
-                    decision = schedule(snapshot, self.config, observe=self._core_observer(), memo=self._memo)
-                with self._step("persist"):
-                    persisted = persist({r.id: r for r in rows}, decision, now)
-                    s.add_all(persisted)
-            with self._step("commit"):
-                self._commit(s)  # persist first: a crash from here on relaunches by allocation id, never twice
-            failpoint("cycle.after-persist")
-            projects = {q.id: q.name for q in queues}
-            log_outcome([*reconciled, *enforced, *persisted], {r.id: r for r in loaded}, projects)
-            for alloc_id in ended:
-                self.backend.forget(alloc_id)
-            cached: dict[int, dict[str, str]] = {}
+                projects = {q.id: q.name for q in queues}
+                self.view.refresh(s, projects)
+                loaded = self.view.rows()
+                reconciled, ended = reconcile(loaded, observed, now)
+                s.add_all(reconciled)
+            rows = [r for r in loaded if r.state in ACTIVE and not r.hold]
+            nodes = {n.name: n for n in s.scalars(select(NodeRow))}
+            policies = {qid: effective(chain) for qid, chain in chains(queues).items()}
+            self._sample(s, rows, policies, nodes, now)
+            with self._step("policies"):
+                enforced = enforce(rows, policies, now)
+                s.add_all(enforced)
+            with self._step("snapshot"):
+                snapshot = build_snapshot(s, self.view.workloads(rows), now)
+            with self._step("schedule"):
+                decision = schedule(snapshot, self.config, observe=self._core_observer(), memo=self._memo)
+            with self._step("persist"):
+                by_id = {r.id: r for r in loaded}
+                self.view.bound(s, decision, by_id)
+                persisted = persist(by_id, decision, now)
+                s.add_all(persisted)
+                notes = self.view.waiting(decision, by_id)
+        with self._step("commit"):
+            # Persist first: a crash from here on relaunches by allocation id, never twice.
+            lost = self._commit_checked(s, by_id.values(), notes)
+        failpoint("cycle.after-persist")
+        log_outcome([e for e in [*reconciled, *enforced, *persisted] if e.workload_id not in lost], by_id, projects)
+        for alloc_id in ended:  # a member's end is written even where its workload's row was not
+            self.backend.forget(alloc_id)
+        cached: dict[int, dict[str, str]] = {}
 
-            def project_secrets(project_id: int) -> dict[str, str]:
-                if project_id not in cached:
-                    cached[project_id] = secret_environment(s, project_id)
-                return cached[project_id]
+        def project_secrets(project_id: int) -> dict[str, str]:
+            if project_id not in cached:
+                cached[project_id] = secret_environment(s, project_id)
+            return cached[project_id]
 
-            levels = {q.id: q.pod_security for q in queues}
-            with self._step("act"):
-                events, busy = act(rows, projects, nodes, self.backend, now, self._launch_all, project_secrets, levels)
-                s.add_all(events)
-            failpoint("cycle.before-events")
-            with self._step("commit_events"):
-                self._commit(s)
-            self.last_decision = decision
-            self.last_cycle_s = time.perf_counter() - started
-            self.cycles += 1
-            return busy or bool(decision.evictions)
+        levels = {q.id: q.pod_security for q in queues}
+        acting = [r for wid, r in sorted(by_id.items()) if wid not in lost]
+        with self._step("act"):
+            events, busy = act(acting, projects, nodes, self.backend, now, self._launch_all, project_secrets, levels)
+            s.add_all(events)
+        failpoint("cycle.before-events")
+        with self._step("commit_events"):
+            self._commit_checked(s, acting, [])
+        self.last_decision = decision
+        self.last_cycle_s = time.perf_counter() - started
+        self.cycles += 1
+        return busy or bool(decision.evictions)
+
+    def _commit_checked(self, s: Session, rows: Iterable[WorkloadRow], notes: list[dict[str, Any]]) -> set[int]:
+        """Commits what this cycle wrote, except to workload rows someone else wrote since the cycle read them (a
+        cancel, say): those keep the other writer's values, lose this cycle's events for them, and are read
+        again next cycle. Changes to their members (ended, launched) are kept: they record what happened.
+        Returns the rows left out."""
+        mine = list(rows)
+        with s.no_autoflush:
+            written = {r.id: r for r in s.dirty if isinstance(r, WorkloadRow) and s.is_modified(r)}
+            lost = set(written) - changes.claim(s, {wid: r.version for wid, r in written.items()})
+            for wid in sorted(lost):
+                _unwrite(s, written[wid])
+            changes.note_waiting(s, notes)
+        self._commit(s)
+        self.view.settle(r for r in mine if r.id not in lost)
+        self.view.forget(lost)
+        if lost:
+            log.info("workloads %s changed while the cycle decided; deciding again next cycle", sorted(lost))
+        return lost
+
+
+def _unwrite(s: Session, row: WorkloadRow) -> None:
+    """Drops this session's changes to a workload row and what follows from them: its new members, its new events,
+    its members' stop times and readiness. What its members did (launched, ended) stays: it happened."""
+    for alloc in list(row.allocations):
+        if alloc in s.new:
+            row.allocations.remove(alloc)
+            continue
+        attrs = inspect(alloc).attrs
+        if attrs.stop_at.history.deleted:
+            alloc.stop_at = attrs.stop_at.history.deleted[0]
+        if alloc.state == AllocPhase.READY and attrs.state.history.added:
+            alloc.state = AllocPhase.LAUNCHED.value  # ready only with its workload's start, which is not written
+    for obj in list(s.new):
+        if isinstance(obj, EventRow) and obj.workload_id == row.id:
+            s.expunge(obj)
+    s.refresh(row, [c.key for c in WorkloadRow.__mapper__.column_attrs])
 
 
 def log_outcome(events: Iterable[EventRow], rows: Mapping[int, WorkloadRow], projects: Mapping[int, str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.backends.base import Sample
@@ -26,6 +27,7 @@ def account(
     part by its sampled utilisation; start or clear its idle clock."""
     dt = max(0.0, now - since)
     minute = int(now // 60)
+    charged = {u.workload_id: u for u in usage_rows(session, [r.id for r in rows if r.state in LIVE], minute)}
     for row in rows:
         if row.state not in LIVE:
             continue
@@ -50,7 +52,7 @@ def account(
         if dt == 0:
             continue
         node = nodes.get(allocs[0].node)
-        usage = session.get(UsageRow, (row.id, minute))
+        usage = charged.get(row.id)
         if usage is None:
             usage = UsageRow(
                 workload_id=row.id, minute=minute, pool=node.pool if node else "", milli_seconds=0.0,
@@ -59,3 +61,12 @@ def account(
             session.add(usage)
         usage.milli_seconds += milli * dt
         usage.busy_milli_seconds += milli * dt * util / 100
+
+
+def usage_rows(session: Session, workload_ids: Sequence[int], minute: int) -> list[UsageRow]:
+    """The minute's usage rows of these workloads, in a few queries (not one per workload)."""
+    out: list[UsageRow] = []
+    for at in range(0, len(workload_ids), 500):
+        chunk = workload_ids[at : at + 500]
+        out.extend(session.scalars(select(UsageRow).where(UsageRow.minute == minute, UsageRow.workload_id.in_(chunk))))
+    return out

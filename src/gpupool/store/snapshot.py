@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from gpupool.core import (
@@ -64,7 +65,8 @@ def core_queues(session: Session) -> tuple[Queue, ...]:
     )
 
 
-def core_workload(row: WorkloadRow, project: str) -> Workload:
+def core_workload(row: WorkloadRow | Row[Any], project: str) -> Workload:
+    """A row, or the columns of a queued one (gpupool.store.changes.QUEUED_COLUMNS: it has no allocations)."""
     if row.state in LIVE:
         state = State.RELEASING if row.stop_reason else State.RUNNING
         # Members that already ended well keep their place: a gang finishing rank by rank is not broken.
@@ -98,8 +100,6 @@ def core_workload(row: WorkloadRow, project: str) -> Workload:
     )
 
 
-def build_snapshot(session: Session, active: Sequence[WorkloadRow], now: float) -> Snapshot:
-    queues = core_queues(session)
-    names = {r.id: r.name for r in session.scalars(select(QueueRow))}
-    workloads = tuple(core_workload(r, names[r.project_id]) for r in active)
-    return Snapshot(core_nodes(session), queues, workloads, now, pool_settings=core_pools(session))
+def build_snapshot(session: Session, workloads: Sequence[Workload], now: float) -> Snapshot:
+    """The store's nodes, queues and pools, with the workloads the caller keeps (gpupool.control.view)."""
+    return Snapshot(core_nodes(session), core_queues(session), tuple(workloads), now, pool_settings=core_pools(session))

@@ -4,8 +4,24 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    event,
+    false,
+)
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, UOWTransaction, mapped_column, relationship
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 
 class Base(DeclarativeBase):
@@ -156,10 +172,18 @@ class WorkloadRow(Base):
     __table_args__ = (
         UniqueConstraint("project_id", "name", name="uq_workload_project_name"),
         UniqueConstraint("owner_id", "idempotency_key", name="uq_workload_idempotency"),
+        # Lists page by id within a project or a state (keyset pagination).
+        Index("ix_workloads_project_id_id", "project_id", "id"),
+        Index("ix_workloads_state_id", "state", "id"),
     )
+    __mapper_args__ = {"eager_defaults": True}  # noqa: RUF012 - read once, by the mapper
+    """A write reads its new version back in the same statement (RETURNING)."""
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0", index=True)
+    """Stamped by every write through the ORM (see next_version and gpupool.store.changes): what the scheduler
+    reads again, and what a writer checks nobody wrote since it read."""
     name: Mapped[str] = mapped_column(String(63))
-    project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"))
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
     idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
     type: Mapped[str] = mapped_column(String(16))
@@ -181,7 +205,7 @@ class WorkloadRow(Base):
     port: Mapped[int | None] = mapped_column(Integer, nullable=True)
     grace_s: Mapped[float] = mapped_column(Float)
     app_token: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    state: Mapped[str] = mapped_column(String(16), index=True)
+    state: Mapped[str] = mapped_column(String(16))
     reason_event: Mapped[str] = mapped_column(String(32), default="queued", server_default="queued")
     """Its current reason: the lifecycle's EventCode of its last step (or "queued" with the scheduler's reason),
     the StopReason or PendingReason, and their arguments. The sentence is rendered from them at the edge."""
@@ -253,3 +277,32 @@ class UsageRow(Base):
     pool: Mapped[str] = mapped_column(String(63))
     milli_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     busy_milli_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class next_version(FunctionElement[int]):
+    """The version a write stamps on a workload row: it grows in commit order, as readers see commits."""
+
+    type = BigInteger()
+    inherit_cache = True
+
+
+@compiles(next_version, "postgresql")
+def _next_version_pg(_element: next_version, _compiler: SQLCompiler, **_kw: Any) -> str:
+    # The writing transaction's id: a reader's snapshot xmin bounds every write it cannot see yet.
+    return "txid_current()"
+
+
+@compiles(next_version)
+def _next_version(_element: next_version, _compiler: SQLCompiler, **_kw: Any) -> str:
+    # The write holds SQLite's one write lock from this statement to its commit, so no later commit stamps less.
+    return "(SELECT coalesce(max(version), 0) + 1 FROM workloads)"
+
+
+@event.listens_for(Session, "before_flush")
+def _stamp(session: Session, _flush: UOWTransaction, _instances: object) -> None:
+    for row in session.new:
+        if isinstance(row, WorkloadRow):
+            row.version = next_version()
+    for row in session.dirty:
+        if isinstance(row, WorkloadRow) and session.is_modified(row, include_collections=False):
+            row.version = next_version()
