@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -22,6 +22,7 @@ from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_named
 from gpupool.services.requests import check_fits, check_text, priority_of, to_request
 from gpupool.services.views import workload_detail, workload_public
+from gpupool.store import changes
 from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
 
 _ID = re.compile(r"^[0-9]{1,10}$", re.ASCII)  # ids are the store's 32-bit Integer; \d alone takes "١٢٣"
@@ -200,25 +201,48 @@ def describe(
 
 def resume(session: Session, who: Principal, ref: str, project: str | None) -> WorkloadPublic:
     """A workload a policy suspended goes back in the queue, in its old place."""
-    row = find(session, who, ref, project)
-    if not who.can_write(row.project_id):
-        raise Forbidden(f"your role ({who.role}) cannot resume workloads")
-    if row.state != Phase.SUSPENDED or not row.hold:
-        raise Conflict(f"{row.name!r} is {row.state}; only a workload suspended by a policy can be resumed")
-    session.add(lifecycle.resume(row, who.name, time.time()))
-    session.commit()
-    return workload_public(row, _project_names(session).get(row.project_id, "?"))
+
+    def change(row: WorkloadRow) -> EventRow | None:
+        if not who.can_write(row.project_id):
+            raise Forbidden(f"your role ({who.role}) cannot resume workloads")
+        if row.state != Phase.SUSPENDED or not row.hold:
+            raise Conflict(f"{row.name!r} is {row.state}; only a workload suspended by a policy can be resumed")
+        return lifecycle.resume(row, who.name, time.time())
+
+    return _write(session, who, ref, project, change)
 
 
 def cancel(session: Session, who: Principal, ref: str, project: str | None) -> WorkloadPublic:
     """Pending work ends at once; running work is asked to stop and ends when its processes are gone."""
-    row = find(session, who, ref, project)
-    if not who.can_write(row.project_id):
-        raise Forbidden(f"your role ({who.role}) cannot cancel workloads")
-    if row.state in TERMINAL:
-        raise Conflict(f"{row.name!r} has already ended ({row.state})")
-    event = lifecycle.cancel(row, who.name, time.time())
-    if event is not None:
-        session.add(event)
-    session.commit()
-    return workload_public(row, _project_names(session).get(row.project_id, "?"))
+
+    def change(row: WorkloadRow) -> EventRow | None:
+        if not who.can_write(row.project_id):
+            raise Forbidden(f"your role ({who.role}) cannot cancel workloads")
+        if row.state in TERMINAL:
+            raise Conflict(f"{row.name!r} has already ended ({row.state})")
+        return lifecycle.cancel(row, who.name, time.time())
+
+    return _write(session, who, ref, project, change)
+
+
+WRITE_TRIES = 5
+
+
+def _write(
+    session: Session, who: Principal, ref: str, project: str | None, change: Callable[[WorkloadRow], EventRow | None]
+) -> WorkloadPublic:
+    """Reads a workload, changes it and commits, unless a scheduling cycle wrote it in between (it commits
+    without waiting for anyone): then reads it again and decides again. A cycle never waits for this either; it
+    leaves a row written since it read it to its next cycle."""
+    for _ in range(WRITE_TRIES):
+        row = find(session, who, ref, project)
+        event = change(row)
+        with session.no_autoflush:
+            if event is not None:
+                session.add(event)
+            if not changes.claim(session, {row.id: row.version}):
+                session.rollback()
+                continue
+        session.commit()
+        return workload_public(row, _project_names(session).get(row.project_id, "?"))
+    raise Conflict(f"{ref!r} kept changing while this request was made; try again")

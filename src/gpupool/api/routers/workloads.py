@@ -78,8 +78,7 @@ def describe_workload(
 def cancel_workload(
     ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
 ) -> WorkloadPublic:
-    with ctx.controller.lock:
-        out = workloads.cancel(session, who, ref, project)
+    out = workloads.cancel(session, who, ref, project)  # never waits for a cycle: see workloads._write
     ctx.controller.wake()
     return out
 
@@ -88,8 +87,7 @@ def cancel_workload(
 def resume_workload(
     ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
 ) -> WorkloadPublic:
-    with ctx.controller.lock:
-        out = workloads.resume(session, who, ref, project)
+    out = workloads.resume(session, who, ref, project)  # never waits for a cycle: see workloads._write
     ctx.controller.wake()
     return out
 
