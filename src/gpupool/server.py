@@ -150,19 +150,15 @@ def build(settings: Settings) -> tuple[Context, str | None]:
             settings.kubeconfig, settings.pool_label, settings.namespace_prefix, settings.default_image,
             uid_base=settings.uid_base,
         )  # fmt: skip
-        backend = KubernetesBackend(kube, on_change=lambda: holder[0].wake() if holder else None)
+        backend = KubernetesBackend(kube, on_change=lambda: holder[0].loop.nudge() if holder else None)
     else:
-        sandbox = isolation(settings)
-
-        def local(kind: type[LocalBackend]) -> LocalBackend:
-            return kind(
-                settings.data_dir, settings.node_name or socket.gethostname(), settings.pool, gpus,
-                on_exit=lambda: holder[0].wake() if holder else None, isolation=sandbox, uid_base=settings.uid_base,
-            )  # fmt: skip
-
         # Replicas on one host share the data dir's run records: one that does not lead must leave them alone
         # (adopting sweeps half-made launches, which the leader may be making); it adopts when it takes over.
-        backend = local(PassiveLocalBackend if replicated else LocalBackend)
+        backend = (PassiveLocalBackend if replicated else LocalBackend)(
+            settings.data_dir, settings.node_name or socket.gethostname(), settings.pool, gpus,
+            on_exit=lambda: holder[0].loop.nudge() if holder else None, isolation=isolation(settings),
+            uid_base=settings.uid_base,
+        )  # fmt: skip
     leadership: Leadership | None = None
     if replicated:
         lease_engine = make_engine(settings.database_url)  # a pool of its own: renewals never queue behind requests

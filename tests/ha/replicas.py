@@ -22,9 +22,9 @@ START_MARK = 'echo started >> "$GPUPOOL_WORKDIR/starts"'
 """A workload's command begins with this: its workdir's `starts` file gets a line per process start."""
 
 
-def long_running(name: str, gpus: int = 1) -> WorkloadCreate:
+def long_running(name: str, gpus: int = 1, seconds: float = 600) -> WorkloadCreate:
     return WorkloadCreate(
-        project="ha", name=name, type="batch", gpus=gpus, command=["sh", "-c", f"{START_MARK}; exec sleep 600"]
+        project="ha", name=name, type="batch", gpus=gpus, command=["sh", "-c", f"{START_MARK}; exec sleep {seconds}"]
     )
 
 
@@ -110,8 +110,11 @@ class Storm:
     replica that answers; a refused or lost request is sent again (same key) to the next replica until one
     acknowledges it. `acknowledged` is the names acknowledged (201 or 200), in order."""
 
-    def __init__(self, urls: list[str], token: str, count: int, pace_s: float, prefix: str = "s") -> None:
+    def __init__(
+        self, urls: list[str], token: str, count: int, pace_s: float, prefix: str = "s", seconds: float = 600
+    ) -> None:
         self.urls = urls
+        self.seconds = seconds
         self.token = token
         self.count = count
         self.pace_s = pace_s
@@ -132,11 +135,11 @@ class Storm:
 
     def _run(self) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
-        target = 0
         with httpx.Client(headers=headers, timeout=5) as http:
             for i in range(self.count):
                 name = f"{self.prefix}{i}"
-                body = long_running(name).model_dump(mode="json", exclude_none=True)
+                target = i  # alternate: every replica takes submits
+                body = long_running(name, seconds=self.seconds).model_dump(mode="json", exclude_none=True)
                 deadline = time.monotonic() + 60
                 while True:
                     url = self.urls[target % len(self.urls)]

@@ -96,6 +96,11 @@ class SchedulerLoop:
         if lead is not None and not lead.acting():
             lead.notify()
 
+    def nudge(self) -> None:
+        """A wake-up from this server's own backend (a process ended, a pod changed): it is not sent on to
+        another leader, whose backend sees the same change."""
+        self._wake.set()
+
     def start(self) -> None:
         lead = self._lead
         if lead is not None:
