@@ -274,7 +274,7 @@ async def requests(app: Any, token: str, controller: Controller, args: argparse.
         )
         for label, params in lists:
             pages: list[float] = []
-            after: str | None = None
+            after: str | None = "0" if args.page_param == "after" else None  # oldest first from the start
             while len(pages) < args.pages:
                 query = {**params, "limit": 100} | ({args.page_param: after} if after else {})
                 await asyncio.sleep(rng.uniform(0, args.spacing_s))
@@ -358,6 +358,7 @@ def run(args: argparse.Namespace, root: Path, url: str | None) -> dict[str, Any]
     steps.delta()
     print(f"first cycle: {first:.2f} s", flush=True)
     totals: list[float] = []
+    cpu: list[float] = []
     deltas: list[dict[str, float]] = []
     gc_time = GcTime()
     gc_s: list[float] = []
@@ -365,13 +366,14 @@ def run(args: argparse.Namespace, root: Path, url: str | None) -> dict[str, Any]
     for i in range(args.cycles):
         backend.end(args.end_per_cycle, rng)
         profile = cProfile.Profile() if args.profile and i == args.cycles - 1 else None
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         if profile is not None:
             profile.runcall(controller.cycle)
             profile.dump_stats(args.profile)
         else:
             controller.cycle()
         totals.append(time.perf_counter() - t)
+        cpu.append(time.thread_time() - c)
         deltas.append(steps.delta())
         gc_s.append(sum(gc_time.take()))
         decision = controller.last_decision
@@ -405,6 +407,7 @@ def run(args: argparse.Namespace, root: Path, url: str | None) -> dict[str, Any]
         "first_cycle_s": round(first, 3),
         "steady_cycle_p50_s": round(statistics.median(totals), 3),
         "steady_cycle_max_s": round(max(totals), 3),
+        "steady_cycle_cpu_p50_s": round(statistics.median(cpu), 3),
         "steady_binds": binds,
         "steady_gc_ms": round(1000 * statistics.median(gc_s), 1),
         "steps_ms": _steps_ms(deltas, CONTROL_STEPS),

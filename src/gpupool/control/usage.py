@@ -44,11 +44,10 @@ def account(
                 weighted += seen.util_pct * share
                 memory += seen.memory_used_mib
         util = round(weighted / milli)
-        row.gpu_util_pct, row.gpu_memory_used_mib = util, memory
-        if util < policies[row.project_id].idle_threshold_pct:
-            row.idle_since = row.idle_since if row.idle_since is not None else since
-        else:
-            row.idle_since = None
+        idle_since = (row.idle_since or since) if util < policies[row.project_id].idle_threshold_pct else None
+        if (row.gpu_util_pct, row.gpu_memory_used_mib, row.idle_since) != (util, memory, idle_since):
+            # Only rows that changed are written (and stamped): most keep their figures from one sample to the next.
+            row.gpu_util_pct, row.gpu_memory_used_mib, row.idle_since = util, memory, idle_since
         if dt == 0:
             continue
         node = nodes.get(allocs[0].node)

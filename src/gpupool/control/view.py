@@ -31,16 +31,19 @@ class Queued:
     """A queued workload as the scheduler last read or wrote it."""
 
     version: int
-    project_id: int
-    reason: tuple[str, str | None, dict[str, Any]]
-    """(reason_event, reason_code, reason_args), as stored."""
+    code: str | None
+    """Its current reason as the scheduler last gave it: the PendingReason and the sentence's detail; None where
+    its reason is not the scheduler's (just submitted, requeued after a stop)."""
+    detail: str | None
     nominated: list[str]
     workload: Workload
 
 
 def _queued(row: WorkloadRow | Row[Any], project: str) -> Queued:
-    reason = (row.reason_event, row.reason_code, dict(row.reason_args or {}))
-    return Queued(int(row.version), row.project_id, reason, list(row.nominated), core_workload(row, project))
+    args = row.reason_args or {}
+    ours = row.reason_event == EventCode.QUEUED and set(args) == {"detail"}
+    code, detail = (row.reason_code, args["detail"]) if ours else (None, None)
+    return Queued(int(row.version), code, detail, list(row.nominated), core_workload(row, project))
 
 
 class WorkloadView:
@@ -51,6 +54,8 @@ class WorkloadView:
         """Forget everything: the next refresh reads every row (at start, and after a cycle failed)."""
         self.since: int | None = None
         self.queued: dict[int, Queued] = {}
+        self._by_core: dict[str, Queued] = {}
+        """The same, by the core's id for them."""
         self.live: dict[int, WorkloadRow] = {}
         self._projects: dict[int, str] = {}
         self._order: list[Workload] | None = None
@@ -105,23 +110,29 @@ class WorkloadView:
         """The reasons and nominations of kept queued workloads that changed, as gpupool.store.changes.note_waiting
         takes them; kept as written. Rows of this cycle (`rows`) are the caller's to write."""
         notes: list[dict[str, Any]] = []
+        queued = EventCode.QUEUED.value
         for pend in decision.pending:
+            kept = self._by_core.get(pend.workload)
+            # The steady case, 100,000 times a cycle: the same reason as last time, compared without building one.
+            if kept is None:
+                continue
+            if kept.code == pend.code.value and kept.detail == pend.message and not (pend.nominated or kept.nominated):
+                continue
             wid = row_id(pend.workload)
-            kept = self.queued.get(wid)
-            if kept is None or wid in rows:
+            if wid in rows:
                 continue
-            # As lifecycle.waiting records it on a row: the scheduler's code, its sentence's detail.
-            reason = (EventCode.QUEUED.value, PendingReason(pend.code.value).value, {"detail": pend.message})
             nominated = sorted({x.node for x in pend.nominated})
-            if reason == kept.reason and nominated == kept.nominated:
-                continue
             if nominated != kept.nominated:
                 kept.workload = replace(kept.workload, nominated_nodes=tuple(nominated))
                 self._order = None
-            kept.reason, kept.nominated = reason, nominated
+            # As lifecycle.waiting records it on a row: the scheduler's code (a PendingReason), its sentence.
+            code = PendingReason(pend.code.value).value
+            if kept.code == code and kept.detail == pend.message and nominated == kept.nominated:
+                continue
+            kept.code, kept.detail, kept.nominated = code, pend.message, nominated
             notes.append({
-                "wid": wid, "seen": kept.version, "reason_event": reason[0], "reason_code": reason[1],
-                "reason_args": reason[2], "nominated": nominated,
+                "wid": wid, "seen": kept.version, "reason_event": queued, "reason_code": code,
+                "reason_args": {"detail": pend.message}, "nominated": nominated,
             })  # fmt: skip
         return notes
 
@@ -141,9 +152,12 @@ class WorkloadView:
 
     def _keep(self, wid: int, queued: Queued) -> None:
         self.queued[wid] = queued
+        self._by_core[queued.workload.id] = queued
         self._order = None
 
     def _drop(self, wid: int) -> None:
         self.live.pop(wid, None)
-        if self.queued.pop(wid, None) is not None:
+        gone = self.queued.pop(wid, None)
+        if gone is not None:
+            del self._by_core[gone.workload.id]
             self._order = None
