@@ -163,9 +163,16 @@ def list_workloads(
     state: str | None = None,
     limit: int = 100,
     cursor: str | None = None,
+    after: int | None = None,
 ) -> Page[WorkloadPublic]:
+    """Newest first, from `cursor` on (the page before gave it); or, with `after`, oldest first from the id after
+    it. Either way a page is one index range read (ids, within a project or a state where one is asked), however
+    many workloads come before it; next_cursor is what to pass for the next page (as `cursor`, or as `after`)."""
+    if cursor is not None and after is not None:
+        raise Invalid("cursor pages newest first and after oldest first: give one of them")
     names = _project_names(session)
-    query = select(WorkloadRow).order_by(WorkloadRow.id.desc()).limit(limit + 1)
+    ascending = after is not None
+    query = select(WorkloadRow).order_by(WorkloadRow.id if ascending else WorkloadRow.id.desc()).limit(limit + 1)
     if project is not None:
         p = queue_named(session, project, "project")
         if not who.can_read(p.id):
@@ -176,10 +183,12 @@ def list_workloads(
     if state is not None:
         query = query.where(WorkloadRow.state == state)
     if cursor is not None:
-        after = _id_or_none(cursor)
-        if after is None:
+        before = _id_or_none(cursor)
+        if before is None:
             raise Invalid("cursor is not one this server handed out")
-        query = query.where(WorkloadRow.id < after)
+        query = query.where(WorkloadRow.id < before)
+    if after is not None:
+        query = query.where(WorkloadRow.id > after)
     rows = list(session.scalars(query))
     more = len(rows) > limit
     rows = rows[:limit]

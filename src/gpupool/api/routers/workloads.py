@@ -9,6 +9,7 @@ from fastapi.responses import StreamingResponse
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
 from gpupool.models.schemas import (
+    INT32_MAX,
     INT64_MAX,
     UNIX_MAX,
     UNIX_MIN,
@@ -61,9 +62,10 @@ def list_workloads(
     project: ProjectQ = None,
     state: WorkloadState | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(max_length=32)] = None,
+    cursor: Annotated[str | None, Query(max_length=32, description="Newest first, before this id")] = None,
+    after: Annotated[int | None, Query(ge=0, le=INT32_MAX, description="Oldest first, after this id")] = None,
 ) -> Page[WorkloadPublic]:
-    return workloads.list_workloads(session, who, project=project, state=state, limit=limit, cursor=cursor)
+    return workloads.list_workloads(session, who, project=project, state=state, limit=limit, cursor=cursor, after=after)
 
 
 @router.get("/workloads/{ref}", response_model=WorkloadDetail, dependencies=[Depends(no_store)])
