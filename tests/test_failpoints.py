@@ -83,6 +83,7 @@ def test_threads_reaching_a_point_together_fire_it_exactly_once() -> None:
         "cycle.after-persist=kill@x",
         "cycle.after-persist=kill@-1",
         "cycle.after-persist",
+        "cycle.after-persist=kill@0",  # reaches count from 1: it would never fire
     ],
 )
 def test_what_is_not_a_point_and_an_action_is_refused_at_once(text: str) -> None:

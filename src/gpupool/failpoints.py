@@ -40,7 +40,7 @@ def _parse(text: str) -> dict[str, tuple[str, int]]:
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, _, action = item.partition("=")
         action, _, nth = action.partition("@")
-        if name not in POINTS or action not in ("kill", "raise") or (nth and not nth.isdigit()):
+        if name not in POINTS or action not in ("kill", "raise") or (nth and not (nth.isdigit() and int(nth) >= 1)):
             raise ValueError(f"{ENV}: {item!r} is not name=kill|raise[@N] with a name in {sorted(POINTS)}")
         armed[name] = (action, int(nth or 1))
     return armed

@@ -249,7 +249,10 @@ class Sandbox:
         return done.returncode == 0
 
     def release(self, alloc_id: str) -> None:
-        """Remove a member's cgroups once its processes are gone."""
+        """Remove a member's cgroups and identity files once its processes are gone."""
+        for kind in ("passwd", "group"):
+            with contextlib.suppress(OSError):
+                (self._ids / f"{alloc_id}.{kind}").unlink()
         for root in (self.isolation.limits.root, self.isolation.limits.cpu_root):
             if root is not None:
                 with contextlib.suppress(OSError):
@@ -295,11 +298,12 @@ class Sandbox:
         }
         out = []
         for kind, line in entries.items():
-            path = self._ids / f"{uid}.{kind}"
+            # One pair per member: the line names its workdir, so members of one project cannot share a file
+            # (replacing it under a sandbox that is binding it fails that member's start).
+            path = self._ids / f"{member.alloc_id}.{kind}"
             host = Path(f"/etc/{kind}").read_text()
             text = host + ("" if host.endswith("\n") else "\n") + line
             if not path.exists() or path.read_text() != text:
-                # A name of its own per file and thread: parallel launches of one project write the same pair.
                 tmp = path.with_name(f"{path.name}.{threading.get_native_id()}.tmp")
                 tmp.write_text(text)
                 os.chmod(tmp, 0o644)
