@@ -17,7 +17,9 @@ import pytest
 from sqlalchemy import event, select
 
 from gpupool.backends.base import Backend, LaunchSpec, Sample
+from gpupool.control import controller as controller_module
 from gpupool.control.controller import Controller
+from gpupool.store import changes
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
 from tests.api.inprocess import Api, make_api
 
@@ -192,3 +194,23 @@ def test_a_steady_cycle_writes_no_workload_row_it_did_not_change(rig: Rig) -> No
         event.remove(engine, "before_cursor_execute", note)
     assert writes == []
     assert rig.row("b").reason_code == rig.row("c").reason_code == "no-node-fits"
+
+
+def test_a_cycle_after_a_long_pause_reads_everything_again(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig.submit("a")
+    rig.submit("b")
+    rig.until("a", "running")
+    b = rig.row("b")
+    assert b.reason_code == "no-node-fits"
+    # Another leader, while this server did not lead, gave b a reason the way schedulers write them: unstamped.
+    other = {"wid": b.id, "seen": b.version, "reason_event": "queued", "reason_code": "over-limit",
+             "reason_args": {"detail": "over the limit"}, "nominated": []}  # fmt: skip
+    with rig.api.ctx.sessions() as s:
+        changes.note_waiting(s, [other])
+        s.commit()
+    rig.controller.cycle()
+    assert rig.row("b").reason_code == "over-limit"  # unstamped: a cycle that keeps its view does not see it
+    monkeypatch.setattr(controller_module, "STALE_VIEW_S", 0.0)
+    rig.controller.interval_s = 0.0
+    rig.controller.cycle()
+    assert rig.row("b").reason_code == "no-node-fits"

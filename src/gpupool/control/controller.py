@@ -43,6 +43,8 @@ except ImportError:  # pragma: no cover - depends on what is installed
 
 log = logging.getLogger("gpupool.control")
 
+STALE_VIEW_S = 30.0
+"""A cycle that follows none for this long (or five intervals, if longer) reads every workload again."""
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """The core's steps take well under a millisecond on a small cluster; a commit on a busy store, seconds."""
 
@@ -78,6 +80,7 @@ class Controller:
         self.inventory_interval_s = inventory_interval_s
         """How often nodes are listed again (kubernetes); None: only at start (this host)."""
         self._last_inventory = 0.0
+        self._last_pass = time.monotonic()
         self.last_sample: Sample | None = None
         self.last_sample_s = 0.0
         self._last_sample_at: float | None = None
@@ -208,6 +211,10 @@ class Controller:
             with self._step("inventory"):
                 self.register_nodes()
         with self.lock:
+            if time.monotonic() - self._last_pass > max(STALE_VIEW_S, 5 * self.interval_s):
+                # No cycle for long (this server did not lead, or the store was down): another leader may have
+                # written what this view keeps without a stamp (queued reasons). Read everything again.
+                self.view.reset()
             if self._session is None:
                 self._session = self.sessions()
             try:
@@ -277,6 +284,7 @@ class Controller:
         self.last_decision = decision
         self.last_cycle_s = time.perf_counter() - started
         self.cycles += 1
+        self._last_pass = time.monotonic()
         return busy or bool(decision.evictions)
 
     def _commit_checked(self, s: Session, rows: Iterable[WorkloadRow], notes: list[dict[str, Any]]) -> set[int]:
