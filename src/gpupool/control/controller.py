@@ -6,6 +6,7 @@ import contextvars
 import gc
 import itertools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -43,6 +44,7 @@ except ImportError:  # pragma: no cover - depends on what is installed
 
 log = logging.getLogger("gpupool.control")
 
+SWITCH_INTERVAL_S = 0.001
 STALE_VIEW_S = 30.0
 """A cycle that follows none for this long (or five intervals, if longer) reads every workload again."""
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -125,6 +127,10 @@ class Controller:
         self.loop.wake()
 
     def start(self) -> None:
+        # A cycle computes for up to a second at 100,000 queued, holding the interpreter; every request thread that
+        # wakes from a query waits for it. At Python's default 5 ms a request of a dozen queries waited ~60 ms
+        # more while a cycle ran; at 1 ms, a fifth of that, for a cycle ~5% longer.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.loop.start()
 
     def stop(self) -> None:

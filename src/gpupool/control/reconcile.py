@@ -30,7 +30,8 @@ def reconcile(
                 continue
             seen = observed.get(alloc.id)
             if seen is not None and seen.alive:
-                alloc.enforced = seen.enforced
+                if alloc.enforced != seen.enforced:  # set only on change: a set marks the row for the commit to check
+                    alloc.enforced = seen.enforced
                 continue
             lifecycle.move_alloc(alloc, AllocPhase.ENDED)
             alloc.exit_code = seen.exit_code if seen is not None else None
