@@ -154,10 +154,10 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     else:
         # Replicas on one host share the data dir's run records: one that does not lead must leave them alone
         # (adopting sweeps half-made launches, which the leader may be making); it adopts when it takes over.
-        backend = (PassiveLocalBackend if replicated else LocalBackend)(
+        backend = LocalBackend(
             settings.data_dir, settings.node_name or socket.gethostname(), settings.pool, gpus,
             on_exit=lambda: holder[0].loop.nudge() if holder else None, isolation=isolation(settings),
-            uid_base=settings.uid_base,
+            uid_base=settings.uid_base, adopt=not replicated,
         )  # fmt: skip
     leadership: Leadership | None = None
     if replicated:
@@ -181,22 +181,6 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         controller.loop.follow(leadership, lambda: take_over(controller, backend))
     principals = PrincipalCache(first_admin_file=settings.data_dir / "admin-token")
     return Context(settings, sessions, backend, controller, principals, sso=sso), token_path
-
-
-class PassiveLocalBackend(LocalBackend):
-    """The local backend of one of several servers on a host and data dir: until it leads it reads logs and
-    reaches apps but adopts nothing, so it never sweeps the run records the leader is writing; `adopt` (on
-    taking the lease) takes up every launch the records name."""
-
-    leading = False
-
-    def _adopt(self) -> None:
-        if self.leading:
-            super()._adopt()
-
-    def adopt(self) -> None:
-        self.leading = True
-        self._adopt()
 
 
 def take_over(controller: Controller, backend: Backend) -> None:

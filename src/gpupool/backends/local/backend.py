@@ -82,7 +82,10 @@ class LocalBackend:
         on_exit: Callable[[], None] = lambda: None,
         isolation: Isolation | None = None,
         uid_base: int = 1_900_000_000,
+        adopt: bool = True,
     ) -> None:
+        """`adopt=False`: one of several servers on this host and data dir, not leading yet. It reads logs and
+        reaches apps but takes up no run record (the leader is writing them) until `adopt()`, on taking over."""
         self.data_dir = data_dir
         self.isolation = isolation or Isolation(False, Limits("advisory"))
         self.sandbox = Sandbox(data_dir, self.isolation, uid_base)
@@ -116,7 +119,8 @@ class LocalBackend:
             extra={"gpus": "simulated" if gpus.simulated else "nvml"},
             isolation=self.isolation.summary(),
         )
-        self._adopt()
+        if adopt:
+            self._adopt()
 
     # -- what the host has ---------------------------------------------------------------------------------
     def inventory(self) -> list[Node]:
@@ -391,6 +395,10 @@ class LocalBackend:
         if found.record.pid != found.pid:  # found by its lock: the record learns its pid (a hint, best effort)
             with contextlib.suppress(OSError):
                 self._dir.write_record(alloc_id, replace(found.record, pid=found.pid, start_ticks=found.start_ticks))
+
+    def adopt(self) -> None:
+        """Take up every launch the run records name: at start, or when this server takes the lead."""
+        self._adopt()
 
     def _adopt(self) -> None:
         """Take back the launches made before a restart: running ones, ended ones (how they ended), and the
