@@ -130,7 +130,10 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.data_dir, 0o700)
     oidc = single_sign_on(settings)
-    engine = make_engine(settings.database_url)
+    try:
+        engine = make_engine(settings.database_url)
+    except ValueError as e:  # a setting in the URL the engine does not take (SQLite's synchronous=...)
+        raise StartupError(str(e)) from None
     try:
         migrate(engine)
     except OperationalError as e:  # the driver's own words name host, user and reason, never the password

@@ -113,6 +113,11 @@ def test_a_database_url_with_a_password_is_refused_without_echoing_it(tmp_path: 
     assert refused(tmp_path, "--db", url) == NO_PASSWORD_ON_THE_COMMAND_LINE
 
 
+def test_a_sqlite_synchronous_it_does_not_know_is_refused(tmp_path: Path) -> None:
+    err = refused(tmp_path, "--db", f"sqlite:///{tmp_path}/store.db?synchronous=sometimes")
+    assert err == "error: --db: synchronous=sometimes: expected one of normal, full\n"
+
+
 def test_a_password_file_others_can_read_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "db-password"
     path.write_text("hunter2\n")
