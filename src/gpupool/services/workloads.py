@@ -66,8 +66,7 @@ def submit(
             select(WorkloadRow).where(WorkloadRow.owner_id == who.id, WorkloadRow.idempotency_key == idempotency_key)
         )
         if prior is not None:
-            # Named by the project it is in: a replay may name another project (or a typo of it).
-            return workload_public(prior, _project_names(session).get(prior.project_id, "?")), False
+            return _replay(session, prior), False
     check_text(body)
     if body.type == "notebook" and not notebooks:
         raise Invalid("notebooks need JupyterLab on the server: install gpupool[apps]")
@@ -118,10 +117,25 @@ def submit(
         session.flush()
     except IntegrityError:
         session.rollback()
+        if idempotency_key is not None:
+            # A retry that raced the original (the client gave up waiting; both got in): the first one's
+            # commit holds the key, and this one is its replay, not a clash of names.
+            prior = session.scalar(
+                select(WorkloadRow).where(
+                    WorkloadRow.owner_id == who.id, WorkloadRow.idempotency_key == idempotency_key
+                )
+            )
+            if prior is not None:
+                return _replay(session, prior), False
         raise Conflict(f"project {body.project!r} already has a workload named {name!r}") from None
     session.add(lifecycle.submitted(row, who.name, now))
     session.commit()
     return workload_public(row, body.project), True
+
+
+def _replay(session: Session, prior: WorkloadRow) -> WorkloadPublic:
+    # Named by the project it is in: a replay may name another project (or a typo of it).
+    return workload_public(prior, _project_names(session).get(prior.project_id, "?"))
 
 
 def find(session: Session, who: Principal, ref: str, project: str | None = None) -> WorkloadRow:
