@@ -190,6 +190,7 @@ def take_over(controller: Controller, backend: Backend) -> None:
     """A new term: adopt what runs (the last leader may have launched it) and register this server's nodes."""
     if isinstance(backend, LeaderBackend):
         backend.adopt()
+    controller.read_again()
     controller.register_nodes()
     log.info("took over the scheduler: nodes registered, running launches adopted")
 

@@ -33,6 +33,7 @@ class Api:
         """Kill whatever a test's cycles launched, and close the store's connections."""
         for alloc in self.ctx.backend.observe() or {}:
             self.ctx.backend.stop(alloc, force=True)
+        self.ctx.controller.loop.stop()  # gives up the lease (PostgreSQL)
         engine = self.ctx.sessions.kw.get("bind")
         if engine is not None:
             engine.dispose()
@@ -44,6 +45,9 @@ def make_api(root: Path, gpus: str = "fake:4xH100-80GB", db_url: str | None = No
     if "single_user" in Settings.model_fields:  # the server's own user runs workloads: no sandbox to probe
         options["single_user"] = True
     ctx, _ = build(Settings(**options))
+    # Tests run cycles by hand, without the loop's thread; on PostgreSQL this server must still lead (take the
+    # lease, register its nodes) for a cycle to act.
+    ctx.controller.loop.lead()
     token = (root / "data" / "admin-token").read_text().strip()
     return Api(create_app(ctx), ctx, token)
 

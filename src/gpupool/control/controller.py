@@ -135,11 +135,16 @@ class Controller:
 
     def stop(self) -> None:
         self.loop.stop()
+        self.read_again()
+
+    def read_again(self) -> None:
+        """Drop what the cycles keep between them, so the next one reads every workload from the store (a new
+        leader: what it kept from an earlier term may be what another leader has since changed)."""
         with self.lock:
             if self._session is not None:
                 self._session.close()
                 self._session = None
-                self.view.reset()
+            self.view.reset()
 
     def _commit(self, s: Session) -> None:
         if self.fence is not None:

@@ -101,17 +101,22 @@ class SchedulerLoop:
         another leader, whose backend sees the same change."""
         self._wake.set()
 
-    def start(self) -> None:
+    def lead(self) -> None:
+        """Take part in the election without running cycles (start does this first; a test driving cycle()
+        by hand calls it alone). Where nobody leads (a first start), take over before the API serves, so it
+        never answers with no nodes registered; where another leads, this server is a standby from the start."""
         lead = self._lead
-        if lead is not None:
-            # Where nobody leads (a first start), take over before the API serves, so it never answers with no
-            # nodes registered; where another leads, this server is a standby from the start.
-            lead.step()
-            term = lead.term()
-            if term is not None:
-                with contextlib.suppress(Exception):  # logged; the loop tries again
-                    self._take_over(term)
-            lead.start(on_wake=self._wake.set)
+        if lead is None:
+            return
+        lead.step()
+        term = lead.term()
+        if term is not None:
+            with contextlib.suppress(Exception):  # logged; the loop tries again
+                self._take_over(term)
+        lead.start(on_wake=self._wake.set)
+
+    def start(self) -> None:
+        self.lead()
         self._thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
         self._thread.start()
 
