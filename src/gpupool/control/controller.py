@@ -98,6 +98,7 @@ class Controller:
             buckets=STEP_BUCKETS,
         )
         self._cycle_ids = itertools.count(1)
+        self._failing = False
         self._memo = Memo()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
         self.fence = fence
@@ -209,10 +210,18 @@ class Controller:
         cycle_id = next(self._cycle_ids)
         with cycle_context(cycle_id), _span(cycle_id):
             try:
-                return self._cycle()
-            except Exception:
-                log.exception("scheduling cycle failed")
+                busy = self._cycle()
+            except Exception as e:
+                # The first failure of a run gets its traceback; the rest (a store that stays down) one line
+                # each at debug: the loop logs the outage and its end once.
+                if not self._failing:
+                    log.exception("scheduling cycle failed")
+                else:
+                    log.debug("scheduling cycle failed again: %s", type(e).__name__)
+                self._failing = True
                 raise
+            self._failing = False
+            return busy
 
     def _cycle(self) -> bool:
         if (
