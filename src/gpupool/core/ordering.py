@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from gpupool.core.decision import PendingCode
 from gpupool.core.session import Session
@@ -31,8 +31,16 @@ class FairOrder:
     could not be placed yields nothing more.
     """
 
-    def __init__(self, session: Session, workloads: list[WorkloadState]) -> None:
+    def __init__(
+        self,
+        session: Session,
+        workloads: list[WorkloadState],
+        on_block: Callable[[WorkloadState], None] | None = None,
+    ) -> None:
         self.session = session
+        self.on_block = on_block
+        """Told of each workload a strict-FIFO head holds back, as it is held back."""
+        self._last: tuple[int, WorkloadState] | None = None
         by_project: dict[int, list[WorkloadState]] = {}
         for ws in workloads:
             by_project.setdefault(ws.queue, []).append(ws)
@@ -50,12 +58,33 @@ class FairOrder:
     def __iter__(self) -> Iterator[WorkloadState]:
         while self._heap:
             _, q = heapq.heappop(self._heap)
-            lst = self._lists[q]
-            ws = lst.pop()
+            ws = self._lists[q].pop()
+            self._last = (q, ws)
             yield ws
-            if not ws.bound and not self._never(ws) and self.session.state.tree.queues[q].strict_fifo:
-                for rest in lst:
-                    self.blocked[rest.idx] = ws
-                lst.clear()
-            if lst:
+            self._after(q, ws)
+            if self._lists[q]:
                 heapq.heappush(self._heap, (project_key(self.session, q), q))
+
+    def _after(self, q: int, ws: WorkloadState) -> None:
+        """A project's turn is over: a strict-FIFO project whose head was not placed yields nothing more."""
+        self._last = None
+        lst = self._lists[q]
+        if not ws.bound and not self._never(ws) and self.session.state.tree.queues[q].strict_fifo:
+            for rest in lst:
+                self.blocked[rest.idx] = ws
+                if self.on_block is not None:
+                    self.on_block(rest)
+            lst.clear()
+
+    def rest(self) -> Iterator[WorkloadState]:
+        """What the fair order would still yield once the caller stops iterating (having tried the last one it
+        got), project by project. Only for a working state that no longer changes: the turns between projects
+        then change nothing, while each project keeps its own order and its strict-FIFO rule."""
+        if self._last is not None:
+            self._after(*self._last)
+        for q in sorted(self._lists):
+            while self._lists[q]:
+                ws = self._lists[q].pop()
+                yield ws
+                self._after(q, ws)
+        self._heap.clear()

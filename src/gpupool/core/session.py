@@ -37,6 +37,19 @@ class Session:
     unknown: list[Pending] = field(default_factory=list)
     stats: Counter[str] = field(default_factory=Counter)
     _hosts: dict[int, IntArray] | None = None
+    _classes: list[int] | None = None
+
+    def classes(self) -> list[int]:
+        """Workload index -> its class: a small number shared by the workloads of one project with the same
+        request, pools, GPU models, gang size and preemptibility, which every action treats alike."""
+        if self._classes is None:
+            ids: dict[tuple[object, ...], int] = {}
+            self._classes = [
+                ids.setdefault((ws.queue, w.request, w.pools, w.gpu_models, w.gang_size, w.preemptible), len(ids))
+                for ws in self.state.workloads
+                for w in (ws.w,)
+            ]
+        return self._classes
 
     def hosts(self, queues: Iterable[int]) -> IntArray:
         """Nodes hosting work that was running at the start of the cycle in any of `queues`, ascending."""

@@ -7,6 +7,8 @@ shares, in a pool that does not share devices across projects, is told so (`expl
 
 from __future__ import annotations
 
+import enum
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -18,15 +20,40 @@ from gpupool.core.ordering import FairOrder, workload_key
 from gpupool.core.session import Session
 from gpupool.core.state import ANY_PROJECT, WorkingState, WorkloadState
 
+SETTLE = True
+"""Stop trying workloads one by one once none of them can be placed (see `_allocate_settling`); off only in the
+test that proves the decisions the same either way."""
+
+REUSABLE = (
+    PendingCode.NEVER_FITS,
+    PendingCode.OVER_LIMIT,
+    PendingCode.NONPREEMPTIBLE_OVER_DESERVED,
+    PendingCode.NO_NODE_FITS,
+    PendingCode.GANG_UNPLACEABLE,
+)
+"""Reasons whose message depends only on the workload's class and the working state, never on its id."""
+
+
+class Outcome(enum.Enum):
+    PLACED = "placed"
+    STUCK = "stuck"
+    """Not placed, and no workload of its class can be placed later in this allocate: allocate only takes
+    capacity and quota, never gives any back."""
+    UNSURE = "unsure"
+    """Not placed, but another placement could have passed (a memory request's exact quota)."""
+
 
 def allocate(session: Session) -> None:
     state = session.state
     has_releasing = any(n.rel_cpu or n.rel_memory or any(d.rel for d in n.devices) for n in state.nodes)
     failed: set[tuple[object, ...]] = set()
     _claim_nominations(session, has_releasing)
-    order = FairOrder(session, session.waiting())
-    for ws in order:
-        try_allocate(session, ws, failed, has_releasing)
+    if SETTLE:
+        order = _allocate_settling(session, failed, has_releasing)
+    else:
+        order = FairOrder(session, session.waiting())
+        for ws in order:
+            try_allocate(session, ws, failed, has_releasing)
     for idx, head in order.blocked.items():
         ws = state.workloads[idx]
         session.pending[idx] = Pending(
@@ -36,6 +63,50 @@ def allocate(session: Session) -> None:
         )
 
 
+def _allocate_settling(session: Session, failed: set[tuple[object, ...]], has_releasing: bool) -> FairOrder:
+    """The fair order as usual until every class with workloads left to try is stuck. From then on the
+    working state no longer changes, so the rest get what trying each would give: the first of each class
+    is tried, the others reuse its reason (where the reason names no more than the class)."""
+    classes = session.classes()
+    waiting = session.waiting()
+    left = Counter(classes[ws.idx] for ws in waiting)
+    stuck: set[int] = set()
+    live = [len(left)]
+
+    def gone(ws: WorkloadState) -> None:
+        c = classes[ws.idx]
+        left[c] -= 1
+        if not left[c] and c not in stuck:
+            live[0] -= 1
+
+    order = FairOrder(session, waiting, on_block=gone)
+    settled = False
+    for ws in order:
+        c = classes[ws.idx]
+        outcome = _attempt(session, ws, failed, has_releasing)
+        if outcome is Outcome.STUCK and c not in stuck:
+            stuck.add(c)
+            live[0] -= 1
+        gone(ws)
+        if not live[0]:
+            settled = True
+            break
+    if not settled:
+        return order
+    reasons: dict[int, Pending] = {}
+    for ws in order.rest():
+        c = classes[ws.idx]
+        reason = reasons.get(c)
+        if reason is not None:
+            session.pending[ws.idx] = Pending(ws.w.id, reason.code, reason.message)
+            continue
+        _attempt(session, ws, failed, has_releasing)
+        reason = session.pending[ws.idx]
+        if reason.code in REUSABLE:
+            reasons[c] = reason
+    return order
+
+
 def try_allocate(
     session: Session,
     ws: WorkloadState,
@@ -43,10 +114,20 @@ def try_allocate(
     has_releasing: bool,
     only: set[int] | None = None,
 ) -> bool:
+    return _attempt(session, ws, failed, has_releasing, only) is Outcome.PLACED
+
+
+def _attempt(
+    session: Session,
+    ws: WorkloadState,
+    failed: set[tuple[object, ...]],
+    has_releasing: bool,
+    only: set[int] | None = None,
+) -> Outcome:
     state, placer, w = session.state, session.placer, ws.w
     if not placer.ever_fits(ws):
         session.pending[ws.idx] = explain.never_fits(ws)
-        return False
+        return Outcome.STUCK
     nominal = w.request.nominal_milli() * w.gang_size
     cpu, memory = w.request.cpu_milli * w.gang_size, w.request.memory_mib * w.gang_size
     verdicts = [quota.check(state, ws.queue, p, nominal, w.preemptible, cpu, memory) for p in range(len(state.pools))]
@@ -55,7 +136,7 @@ def try_allocate(
         first = verdicts[min(candidate_pools, key=lambda p: _preference(ws, state.pools[p]))]
         assert first is not None
         session.pending[ws.idx] = Pending(w.id, first.code, first.message)
-        return False
+        return Outcome.STUCK
 
     def pool_ok(p: int) -> bool:
         return verdicts[p] is None
@@ -77,18 +158,18 @@ def try_allocate(
             verdict = _exact_quota(session, ws, placements)
             if verdict is not None:
                 session.pending[ws.idx] = verdict
-                return False
+                return Outcome.UNSURE
         state.place(ws, placements, pipelined)
         state.commit()
         session.stats["bound" if not pipelined else "pipelined"] += 1
         if pipelined:
             session.pending[ws.idx] = explain.waiting(ws)
-        return True
+        return Outcome.PLACED
     if shape[-1] == ANY_PROJECT:
         session.pending[ws.idx] = explain.no_room(ws)
     else:
         session.pending[ws.idx] = _unshared(session, ws, pool_ok, only, anyone, failed, has_releasing)
-    return False
+    return Outcome.STUCK
 
 
 def _tenant(state: WorkingState, ws: WorkloadState) -> int:

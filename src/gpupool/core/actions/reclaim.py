@@ -23,6 +23,7 @@ come last.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from gpupool.core import explain
@@ -40,6 +41,11 @@ RETRYABLE = (PendingCode.NO_NODE_FITS, PendingCode.GANG_UNPLACEABLE, PendingCode
 """Reasons eviction can cure. Queued-behind (a strict-FIFO head waits) is not one: the head goes first."""
 
 
+SETTLE = True
+"""Stop walking the waiting workloads once none left would attempt a reclaim (see `_Walk`); off only in the
+test that proves the decisions the same either way."""
+
+
 def reclaim(session: Session) -> None:
     state = session.state
     failed: set[tuple[object, ...]] = set()
@@ -48,7 +54,12 @@ def reclaim(session: Session) -> None:
     no_room: set[object] = set()
     deserved = session.deserved
     waiting = [ws for ws in session.waiting() if _retryable(session, ws)]
-    for ws in FairOrder(session, waiting):
+    walk = _Walk(session, waiting, failed) if SETTLE else None
+    if walk is not None and not walk.live:
+        return
+    for ws in FairOrder(session, waiting, on_block=walk.gone if walk else None):
+        if walk is not None:
+            walk.gone(ws)
         if attempts >= session.config.max_preemption_attempts:
             break
         chain = state.tree.chain[ws.queue]
@@ -58,10 +69,8 @@ def reclaim(session: Session) -> None:
         # Entitled where the project itself stays within its fair share; its departments are checked on the
         # outcome (`valid`), since taking from a sibling leaves their usage as it was.
         entitled = [p for p in _pools(session, ws) if _within(session, chain[:1], p, nominal, session.fair)]
-        if not entitled:
-            continue
         key = (ws.queue, ws.w.request, ws.w.pools, ws.w.gpu_models, ws.w.gang_size)
-        if key in failed:
+        if not entitled or key in failed:
             continue
         attempts += 1
         # Within its own deserved quota; its departments are checked against each victim (`_rules`).
@@ -90,12 +99,76 @@ def reclaim(session: Session) -> None:
                 evicted, moved = found
         if evicted is None:
             failed.add(key)
+            if walk is not None and walk.failed_now(key):
+                break
             continue
         state.commit()
         no_room.clear()
         session.stats["reclaimed"] += evicted - moved
         session.stats["moved"] += moved
         session.pending[ws.idx] = explain.waiting(ws, evicted)
+        if walk is not None and walk.changed():
+            break
+
+
+class _Walk:
+    """Which classes of workloads (`Session.classes`) are left to walk and might still attempt a reclaim.
+
+    A workload attempts one only when its project stays within its fair share in some pool it may use and
+    its class has not failed one before: the same for its whole class, and changed only by an attempt (a
+    failed one is rolled back; a reclaim changes the usage of the projects involved). Skipping a workload
+    changes nothing, so once no class left might attempt, the walk is over."""
+
+    def __init__(self, session: Session, waiting: list[WorkloadState], failed: set[tuple[object, ...]]) -> None:
+        self.session, self.failed = session, failed
+        self.classes = session.classes()
+        self.left = Counter(self.classes[ws.idx] for ws in waiting)
+        self.sample = {self.classes[ws.idx]: ws for ws in waiting}
+        self.by_queue: dict[int, list[int]] = {}
+        for c, ws in self.sample.items():
+            self.by_queue.setdefault(ws.queue, []).append(c)
+        self.of_key: dict[tuple[object, ...], list[int]] = {}
+        for c, ws in self.sample.items():
+            self.of_key.setdefault(self._key(ws), []).append(c)
+        self.seen = [list(row) for row in session.state.used]
+        self.live = {c for c in self.left if self._might(self.sample[c])}
+
+    def gone(self, ws: WorkloadState) -> None:
+        c = self.classes[ws.idx]
+        self.left[c] -= 1
+        if not self.left[c]:
+            self.live.discard(c)
+
+    def changed(self) -> bool:
+        """Re-judge after an attempt the classes of every project whose usage changed (a class that failed is
+        out for good). True when none is left that might attempt."""
+        used = self.session.state.used
+        for q, row in enumerate(used):
+            if row != self.seen[q]:
+                self.seen[q] = list(row)
+                for c in self.by_queue.get(q, ()):
+                    if self.left[c] > 0 and self._might(self.sample[c]):
+                        self.live.add(c)
+                    else:
+                        self.live.discard(c)
+        return not self.live
+
+    def failed_now(self, key: tuple[object, ...]) -> bool:
+        """A class that failed is out for good; True when none is left that might attempt."""
+        self.live.difference_update(self.of_key.get(key, ()))
+        return self.changed()
+
+    @staticmethod
+    def _key(ws: WorkloadState) -> tuple[object, ...]:
+        return (ws.queue, ws.w.request, ws.w.pools, ws.w.gpu_models, ws.w.gang_size)
+
+    def _might(self, ws: WorkloadState) -> bool:
+        session = self.session
+        nominal = ws.w.request.nominal_milli() * ws.w.gang_size
+        if not nominal or self._key(ws) in self.failed:
+            return False
+        chain = session.state.tree.chain[ws.queue]
+        return any(_within(session, chain[:1], p, nominal, session.fair) for p in _pools(session, ws))
 
 
 def _retryable(session: Session, ws: WorkloadState) -> bool:
