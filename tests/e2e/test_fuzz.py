@@ -90,7 +90,9 @@ def _fuzz(api: Api, operation: schemathesis.APIOperation, mode: GenerationMode, 
 
 def test_no_input_gets_a_server_error_and_every_answer_matches_the_schema(api: Api) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", api.app)
-    operations = [result.ok() for result in schema.get_all_operations()]
+    # /readyz takes no input, and this app (no scheduler loop) is not ready by design: its 503 is its answer,
+    # pinned in tests/api/routers/test_system.py, not a server error.
+    operations = [op for op in (result.ok() for result in schema.get_all_operations()) if op.path != "/readyz"]
     assert len(operations) >= 20
     rounds = [(op, mode, False) for op in operations for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)]
     rounds += [(op, GenerationMode.POSITIVE, True) for op in operations if _pins(op) or op.body]
