@@ -8,18 +8,22 @@ with each path; every decision (binds, evictions, nominations, pending codes and
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
 from gpupool.core import (
     Device,
+    DeviceShare,
     Node,
+    Placement,
     PoolSettings,
     Queue,
     Quota,
     Request,
     SchedulerConfig,
     Snapshot,
+    State,
     Workload,
     schedule,
 )
@@ -95,9 +99,51 @@ def _run(snapshot: Snapshot, settle: bool, monkeypatch: pytest.MonkeyPatch) -> l
     return out
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_settling_decides_as_trying_every_workload(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    snapshot = _snapshot(seed)
+def _full_snapshot(seed: int) -> Snapshot:
+    """The live benchmark's shape: every GPU but a few held by one-GPU work (some of it still releasing),
+    thousands pending of a few sizes over ten projects (one strict-FIFO, one limited, one with shares), so
+    that a project's turns change nothing again and again."""
+    rng = random.Random(seed)
+    nodes = tuple(
+        Node(f"n{i:02d}", "a", 128_000, 1024 * 1024, tuple(Device(d, "H100", 81_920) for d in range(8)))
+        for i in range(16)
+    )
+    projects = [f"p{i}" for i in range(10)]
+    queues = [Queue("d")]
+    for i, name in enumerate(projects):
+        quota = Quota(deserved=rng.choice((0, 8000, 16_000)), limit=30_000 if i == 3 else None)
+        queues.append(Queue(name, parent="d", quotas={"a": quota}, strict_fifo=i == 5))
+    running: list[Workload] = []
+    for n in range(125):
+        placement = Placement(0, f"n{n // 8:02d}", (DeviceShare(n % 8, 1000, 81_920),))
+        state = State.RELEASING if n % 20 == 7 else State.RUNNING
+        running.append(
+            Workload(
+                f"r{n:03d}", projects[n % 10], Request(gpus=1, cpu_milli=1000, memory_mib=4096),
+                state=state, placements=(placement,), start_time=0.0, submit_time=0.0,
+            )
+        )  # fmt: skip
+    pending = [
+        Workload(
+            f"w{i:04d}", projects[i % 10],
+            Request(gpus=rng.choice((1, 1, 1, 1, 1, 1, 1, 2, 4, 8)), cpu_milli=1000, memory_mib=4096)
+            if i % 50 else Request(gpu_milli=500, cpu_milli=1000, memory_mib=4096),
+            priority=rng.choice((50, 50, 50, 90)), submit_time=10.0 + i,
+        )
+        for i in range(3000)
+    ]  # fmt: skip
+    return Snapshot(nodes, tuple(queues), tuple(running + pending), now=100.0)
+
+
+CASES = [(_snapshot, seed) for seed in range(6)] + [(_full_snapshot, seed) for seed in range(3)]
+"""Mixed shapes in a nearly full cluster; the live benchmark's shape, with releasing work to pipeline onto."""
+
+
+@pytest.mark.parametrize(("build", "seed"), CASES, ids=[f"{b.__name__.strip('_')}-{s}" for b, s in CASES])
+def test_settling_decides_as_trying_every_workload(
+    build: Callable[[int], Snapshot], seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snapshot = build(seed)
     plain = _run(snapshot, False, monkeypatch)
     fast = _run(snapshot, True, monkeypatch)
     assert fast == plain

@@ -40,7 +40,9 @@ class FairOrder:
         self.session = session
         self.on_block = on_block
         """Told of each workload a strict-FIFO head holds back, as it is held back."""
-        self._last: tuple[int, WorkloadState] | None = None
+        self.unchanged = False
+        """Set by the caller after trying the workload just yielded when that changed nothing (placed nothing):
+        the same project then goes again without being ranked afresh."""
         by_project: dict[int, list[WorkloadState]] = {}
         for ws in workloads:
             by_project.setdefault(ws.queue, []).append(ws)
@@ -58,16 +60,22 @@ class FairOrder:
     def __iter__(self) -> Iterator[WorkloadState]:
         while self._heap:
             _, q = heapq.heappop(self._heap)
-            ws = self._lists[q].pop()
-            self._last = (q, ws)
-            yield ws
-            self._after(q, ws)
-            if self._lists[q]:
-                heapq.heappush(self._heap, (project_key(self.session, q), q))
+            lst = self._lists[q]
+            while True:
+                ws = lst.pop()
+                self.unchanged = False
+                yield ws
+                self._after(q, ws)
+                if not lst:
+                    break
+                if not self.unchanged:
+                    heapq.heappush(self._heap, (project_key(self.session, q), q))
+                    break
+                # Its key is the one it was popped with, below every other (exact: a project's key changes
+                # only on its own turns, after which it is pushed afresh), so it goes again.
 
     def _after(self, q: int, ws: WorkloadState) -> None:
         """A project's turn is over: a strict-FIFO project whose head was not placed yields nothing more."""
-        self._last = None
         lst = self._lists[q]
         if not ws.bound and not self._never(ws) and self.session.state.tree.queues[q].strict_fifo:
             for rest in lst:
@@ -75,16 +83,3 @@ class FairOrder:
                 if self.on_block is not None:
                     self.on_block(rest)
             lst.clear()
-
-    def rest(self) -> Iterator[WorkloadState]:
-        """What the fair order would still yield once the caller stops iterating (having tried the last one it
-        got), project by project. Only for a working state that no longer changes: the turns between projects
-        then change nothing, while each project keeps its own order and its strict-FIFO rule."""
-        if self._last is not None:
-            self._after(*self._last)
-        for q in sorted(self._lists):
-            while self._lists[q]:
-                ws = self._lists[q].pop()
-                yield ws
-                self._after(q, ws)
-        self._heap.clear()

@@ -8,7 +8,6 @@ shares, in a pool that does not share devices across projects, is told so (`expl
 from __future__ import annotations
 
 import enum
-from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -21,8 +20,8 @@ from gpupool.core.session import Session
 from gpupool.core.state import ANY_PROJECT, WorkingState, WorkloadState
 
 SETTLE = True
-"""Stop trying workloads one by one once none of them can be placed (see `_allocate_settling`); off only in the
-test that proves the decisions the same either way."""
+"""Reuse a class's reason rather than trying each of its workloads while nothing is placed (see
+`_allocate_settling`); off only in the test that proves the decisions the same either way."""
 
 REUSABLE = (
     PendingCode.NEVER_FITS,
@@ -64,46 +63,28 @@ def allocate(session: Session) -> None:
 
 
 def _allocate_settling(session: Session, failed: set[tuple[object, ...]], has_releasing: bool) -> FairOrder:
-    """The fair order as usual until every class with workloads left to try is stuck. From then on the
-    working state no longer changes, so the rest get what trying each would give: the first of each class
-    is tried, the others reuse its reason (where the reason names no more than the class)."""
+    """The fair order, where a workload whose class was tried since the last placement reuses that try's
+    reason (where the reason names no more than the class) instead of being tried: the working state is the
+    same, so trying it would give the same. A project whose turn places nothing goes again (`FairOrder`), so
+    once the cluster is full most of the order is a run of such reuses."""
     classes = session.classes()
-    waiting = session.waiting()
-    left = Counter(classes[ws.idx] for ws in waiting)
-    stuck: set[int] = set()
-    live = [len(left)]
-
-    def gone(ws: WorkloadState) -> None:
-        c = classes[ws.idx]
-        left[c] -= 1
-        if not left[c] and c not in stuck:
-            live[0] -= 1
-
-    order = FairOrder(session, waiting, on_block=gone)
-    settled = False
+    order = FairOrder(session, session.waiting())
+    seen: dict[int, Pending] = {}
+    """Class -> the reason its last try gave, since the last placement."""
     for ws in order:
         c = classes[ws.idx]
-        outcome = _attempt(session, ws, failed, has_releasing)
-        if outcome is Outcome.STUCK and c not in stuck:
-            stuck.add(c)
-            live[0] -= 1
-        gone(ws)
-        if not live[0]:
-            settled = True
-            break
-    if not settled:
-        return order
-    reasons: dict[int, Pending] = {}
-    for ws in order.rest():
-        c = classes[ws.idx]
-        reason = reasons.get(c)
+        reason = seen.get(c)
         if reason is not None:
             session.pending[ws.idx] = Pending(ws.w.id, reason.code, reason.message)
+            order.unchanged = True
             continue
-        _attempt(session, ws, failed, has_releasing)
+        if _attempt(session, ws, failed, has_releasing) is Outcome.PLACED:
+            seen.clear()
+            continue
+        order.unchanged = True
         reason = session.pending[ws.idx]
         if reason.code in REUSABLE:
-            reasons[c] = reason
+            seen[c] = reason
     return order
 
 
