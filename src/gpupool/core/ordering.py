@@ -77,7 +77,7 @@ class FairOrder:
     def _after(self, q: int, ws: WorkloadState) -> None:
         """A project's turn is over: a strict-FIFO project whose head was not placed yields nothing more."""
         lst = self._lists[q]
-        if not ws.bound and not self._never(ws) and self.session.state.tree.queues[q].strict_fifo:
+        if self.session.state.tree.queues[q].strict_fifo and not ws.bound and not self._never(ws):
             for rest in lst:
                 self.blocked[rest.idx] = ws
                 if self.on_block is not None:

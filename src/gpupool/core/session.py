@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 
 import numpy as np
 
 from gpupool.core import fairshare
 from gpupool.core.config import SchedulerConfig
 from gpupool.core.decision import Bind, Pending, PendingCode, QueueShare
-from gpupool.core.model import MILLI, Snapshot, State
+from gpupool.core.model import MILLI, Request, Snapshot, State
 from gpupool.core.placement import baselines as _baselines  # noqa: F401  (registers the published baselines)
 from gpupool.core.placement import fgd as _fgd  # noqa: F401  (registers the fgd and gpupool policies)
 from gpupool.core.placement.index import IntArray
@@ -20,6 +21,9 @@ from gpupool.core.placement.models import ModelDemand, model_demand, model_press
 from gpupool.core.placement.placer import Placer
 from gpupool.core.placement.policies import PolicyContext, TypicalMix, make_policy, popular_shapes
 from gpupool.core.state import NodeState, WorkingState, WorkloadState, build_tree
+
+_fields = attrgetter(*(f.name for f in fields(Request)))
+"""A request's fields as a tuple: equal exactly when the requests are, and hashed without Python calls."""
 
 
 @dataclass
@@ -45,9 +49,10 @@ class Session:
         if self._classes is None:
             ids: dict[tuple[object, ...], int] = {}
             self._classes = [
-                ids.setdefault((ws.queue, w.request, w.pools, w.gpu_models, w.gang_size, w.preemptible), len(ids))
+                ids.setdefault(key, len(ids))
                 for ws in self.state.workloads
                 for w in (ws.w,)
+                for key in ((ws.queue, _fields(w.request), w.pools, w.gpu_models, w.gang_size, w.preemptible),)
             ]
         return self._classes
 
