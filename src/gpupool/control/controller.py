@@ -98,7 +98,7 @@ class Controller:
             buckets=STEP_BUCKETS,
         )
         self._cycle_ids = itertools.count(1)
-        self._failing = False
+        self._failing: str | None = None
         self._memo = Memo()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
         self.fence = fence
@@ -212,15 +212,16 @@ class Controller:
             try:
                 busy = self._cycle()
             except Exception as e:
-                # The first failure of a run gets its traceback; the rest (a store that stays down) one line
-                # each at debug: the loop logs the outage and its end once.
-                if not self._failing:
+                # A failure gets its traceback; the same failure again (a store that stays down) one line at
+                # debug: the loop logs the outage and its end once.
+                failure = f"{type(e).__name__}: {e}"[:300]
+                if failure != self._failing:
                     log.exception("scheduling cycle failed")
                 else:
-                    log.debug("scheduling cycle failed again: %s", type(e).__name__)
-                self._failing = True
+                    log.debug("scheduling cycle failed again: %s", failure)
+                self._failing = failure
                 raise
-            self._failing = False
+            self._failing = None
             return busy
 
     def _cycle(self) -> bool:
