@@ -72,7 +72,7 @@ def _write(scope: Scope, entry: audit.Entry) -> None:
             audit.record(session, entry)
     except Exception as e:  # the request has been answered; losing its record must not hide that it happened
         if store_fault(e):  # the store watch logs the outage once; a traceback per request would bury it
-            log.warning("could not write the audit record of request %s (%s): the store is unavailable",
+            log.warning("could not write the audit record of request %s (%s): no store to write it to",
                         entry.request_id, entry.action)  # fmt: skip
             return
         log.exception("could not write the audit record of request %s (%s)", entry.request_id, entry.action)
