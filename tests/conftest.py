@@ -1,4 +1,5 @@
-"""Fixtures shared by every test package: a throwaway PostgreSQL server for the session."""
+"""Fixtures shared by every test package: a throwaway PostgreSQL server for the session, and a migrated store on
+each of SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
+from gpupool.store.engine import make_engine, migrate
 from tests.e2e.postgres import Postgres
 
 
@@ -23,3 +26,17 @@ def postgres() -> Iterator[Postgres]:
     finally:
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def migrated_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """An engine on an empty store at the newest revision: SQLite in the test's dir, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    else:
+        pg: Postgres = request.getfixturevalue("postgres")
+        url = pg.new_database()
+    engine = make_engine(url)
+    migrate(engine)
+    yield engine
+    engine.dispose()

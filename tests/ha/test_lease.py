@@ -4,34 +4,23 @@ taken over, and a deposed leader's cycle fenced so that none of it commits."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.control.leader import Deposed, Leadership
 from gpupool.store import leases
-from gpupool.store.engine import make_engine, migrate, session_factory
+from gpupool.store.engine import session_factory
 from gpupool.store.tables import QueueRow
 from tests.e2e.conftest import wait_for
-from tests.e2e.postgres import Postgres
 
 TAKE_OVER = "UPDATE leases SET holder = 'b', epoch = epoch + 1, expires_at = expires_at + 3600 WHERE name = 'scheduler'"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    else:
-        pg: Postgres = request.getfixturevalue("postgres")
-        url = pg.new_database()
-    engine = make_engine(url)
-    migrate(engine)
-    yield session_factory(engine)
-    engine.dispose()
+@pytest.fixture
+def sessions(migrated_engine: Engine) -> sessionmaker[Session]:
+    return session_factory(migrated_engine)
 
 
 def test_one_holder_at_a_time_and_each_new_holder_a_new_epoch(sessions: sessionmaker[Session]) -> None:

@@ -3,31 +3,19 @@ flight at the mark included), and a writer finds out when a row moved since it r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.lifecycle.phases import Phase
 from gpupool.store import changes
-from gpupool.store.engine import make_engine, migrate, session_factory
+from gpupool.store.engine import session_factory
 from gpupool.store.tables import QueueRow, UserRow, WorkloadRow
-from tests.e2e.postgres import Postgres
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    else:
-        pg: Postgres = request.getfixturevalue("postgres")
-        url = pg.new_database()
-    engine = make_engine(url)
-    migrate(engine)
-    yield engine
-    engine.dispose()
+@pytest.fixture
+def engine(migrated_engine: Engine) -> Engine:
+    return migrated_engine
 
 
 @pytest.fixture
