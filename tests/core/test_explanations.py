@@ -1,6 +1,6 @@
 """Every pending workload carries a reason code and a sentence a user can act on."""
 
-from gpupool.core import PendingCode, schedule
+from gpupool.core import Pending, PendingCode, schedule
 from tests.core.builders import Cluster, Run
 
 
@@ -14,14 +14,14 @@ def test_every_pending_workload_has_a_reason() -> None:
     c.submit("a1", "a", gpus=3).submit("a2", "a", gpus=1)  # a2: over a's limit
     c.submit("serve", "b", gpus=3, priority="production")  # over b's deserved, not preemptible
     c.submit("huge", "b", gpus=16)  # no node has 16 GPUs
-    c.submit("ddp", "c", gpus=1, workers=2)  # room for one member only
+    c.submit("ddp", "c", gpus=1, workers=2)  # room for one member only, and c deserves none of it
     run = Run(c.snapshot()).settle()
     got = reasons(run)
     assert got == {
         "a2": PendingCode.OVER_LIMIT,
         "serve": PendingCode.NONPREEMPTIBLE_OVER_DESERVED,
         "huge": PendingCode.NEVER_FITS,
-        "ddp": PendingCode.GANG_UNPLACEABLE,
+        "ddp": PendingCode.OVER_DESERVED,
     }
     assert all(p.message for p in run.decisions[-1].pending)
 
@@ -73,3 +73,82 @@ def test_unknown_project_is_explained_not_crashed() -> None:
     d = schedule(c.snapshot())
     p = d.pending_for("w")
     assert p is not None and "does not exist" in p.message
+
+
+def pending(run: Run, wid: str) -> Pending:
+    p = run.decisions[-1].pending_for(wid)
+    assert p is not None
+    return p
+
+
+def test_over_the_project_limit_names_the_quota_and_its_numbers() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=8).project("a", deserved=2, limit=3).project("b")
+    c.submit("a1", "a", gpus=3).submit("a2", "a", gpus=1)
+    p = pending(Run(c.snapshot()).settle(), "a2")
+    assert (p.code, p.args) == (
+        PendingCode.OVER_LIMIT,
+        (("queue", "a"), ("level", "project"), ("pool", "h100"), ("resource", "gpu"), ("asks", 1000),
+         ("used", 3000), ("quota", 3000)),
+    )  # fmt: skip
+
+
+def test_over_the_department_limit_names_the_department() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=8).department("research", deserved=2, limit=2)
+    c.project("a", department="research", deserved=1).project("b", department="research", deserved=1)
+    c.submit("b1", "b", gpus=2).submit("a1", "a", gpus=1)
+    p = pending(Run(c.snapshot()).settle(), "a1")
+    assert p.code is PendingCode.OVER_LIMIT
+    assert dict(p.args) == {
+        "queue": "research", "level": "department", "pool": "h100", "resource": "gpu", "asks": 1000,
+        "used": 2000, "quota": 2000,
+    }  # fmt: skip
+
+
+def test_a_job_beyond_its_deserved_quota_says_so_not_that_no_node_fits() -> None:
+    """The issue's case: the cluster is full, and the project already has its deserved share, so only an idle GPU
+    could take the job; the reason names the quota, the usage and the ask, not a lack of nodes."""
+    c = Cluster().pool("h100", nodes=1, gpus=2).project("a", deserved=1).project("b", deserved=1)
+    c.running("a0", "a", "h100-0", [0]).running("b0", "b", "h100-0", [1], gpus=1)
+    c.submit("a1", "a", gpus=1)
+    p = pending(Run(c.snapshot()).settle(), "a1")
+    assert p.code is PendingCode.OVER_DESERVED
+    assert dict(p.args) == {
+        "queue": "a", "level": "project", "pool": "h100", "resource": "gpu", "asks": 1000, "used": 1000,
+        "quota": 1000, "fair": 1000,
+    }  # fmt: skip
+    assert p.message == (
+        "project a uses 1 of its deserved 1 GPUs in pool h100; a1 asks 1 more, which only idle GPUs may lend, "
+        "and none are idle"
+    )
+
+
+def test_a_gang_names_the_closest_node_and_what_it_lacks() -> None:
+    c = Cluster().pool("h100", nodes=2, gpus=4).project("a", deserved=8).project("b")
+    c.running("b0", "b", "h100-0", [0, 1, 2], gpus=3, priority="production").running(
+        "b1", "b", "h100-1", [0, 1], gpus=2, priority="production"
+    )
+    c.submit("ddp", "a", gpus=3, workers=2)
+    p = pending(Run(c.snapshot()).settle(), "ddp")
+    assert (p.code, p.args) == (
+        PendingCode.GANG_UNPLACEABLE,
+        (("members", 2), ("gpus", 3), ("node", "h100-1"), ("lacks_gpus", 1), ("fits", 0)),
+    )
+
+
+def test_waiting_for_reclaim_names_the_borrowers_and_the_gpus() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=2).project("a", deserved=2).project("b")
+    c.running("b0", "b", "h100-0", [0, 1], gpus=2, priority="batch")
+    c.submit("a1", "a", gpus=2)
+    d = Run(c.snapshot()).cycle()
+    p = d.pending_for("a1")
+    assert p is not None and p.code is PendingCode.WAITING_FOR_EVICTIONS
+    assert p.args == (("victims", 1), ("gpu_milli", 2000), ("borrowers", "b"), ("nodes", "h100-0"))
+
+
+def test_queued_behind_carries_the_blocker_and_its_numbers() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=1).project("a", deserved=1)
+    c.submit("serve", "a", gpus=1, priority="production")
+    c.submit("t1", "a", gpus=1, priority="training").submit("nb", "a", gpus=1, priority="interactive")
+    p = pending(Run(c.snapshot()).settle(), "nb")
+    assert p.args[:3] == (("ahead", 1), ("project", "a"), ("blocker", "over-deserved"))
+    assert dict(p.args)["used"] == 1000
