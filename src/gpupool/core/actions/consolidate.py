@@ -1,7 +1,9 @@
 """Consolidate: move preemptible work off a node so a waiting workload fits, if every moved one fits elsewhere.
 
 What moves is chosen as victims are (`victim_sets`): the fewest workloads, then the least work lost, then the
-most recently started, on the node where that set is cheapest.
+most recently started, on the node where that set is cheapest. A gang moves whole: all its members are
+evicted and requeued as one, counted once with all its members' work lost, and it must find room for every
+member elsewhere at once (not where its members leave room as they stop), as any moved workload must.
 
 Opt-in (moving restarts the moved workloads). The moved workloads are evicted with reason
 `consolidate` and requeued; this cycle checks that the rest of the cluster has room for each of them,
@@ -77,16 +79,15 @@ def _quota_allows(session: Session, ws: WorkloadState) -> Callable[[int], bool]:
 
 
 def _movable(v: WorkloadState, now: float) -> bool:
-    if v.state is not State.RUNNING or v.bound or not v.w.preemptible:
-        return False
-    return v.w.gang_size == 1 and past_min_runtime(v, now)
+    return v.state is State.RUNNING and not v.bound and v.w.preemptible and past_min_runtime(v, now)
 
 
 def _move_off(session: Session, node: NodeState, chosen: list[WorkloadState], ws: WorkloadState) -> int:
     state, policy = session.state, session.placer.policy
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     for v in chosen:
-        message = f"moved to make room for {ws.w.named_for(v.w)}; it restarts on another node"
+        where = "another node" if v.w.gang_size == 1 else f"other nodes, all {v.w.gang_size} members together"
+        message = f"moved to make room for {ws.w.named_for(v.w)}; it restarts on {where}"
         state.evict(v, Eviction(v.w.id, EvictReason.CONSOLIDATE, message, preemptor=ws.w.id))
     found = policy.evaluate(node, req, True, models, ws.queue) if node.fits_host(req, True) else None
     if found is None:
