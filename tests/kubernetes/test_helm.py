@@ -190,10 +190,13 @@ def test_the_docs_install_and_upgrade_run_as_printed(cluster: Cluster, helm_env:
     }
     core.create_namespaced_secret(NAMESPACE, secret)
     env = {**helm_env, "KUBECONFIG": str(cluster.kubeconfig)}
+    outputs = []
     for command in commands[3:]:
         done = subprocess.run(shlex.split(command), env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"{command}: {done.stderr}"
         assert "PodSecurity" not in done.stderr  # no warning that the pods would break `restricted`
+        outputs.append(done.stdout)
+    assert "NOTES:\ngpupool 0.1.0: 2 replica(s) of gpupool in namespace gpupool-system.\n" in outputs[0]
     apps = client.AppsV1Api(cluster.api())
     deployment = apps.read_namespaced_deployment("gpupool", NAMESPACE)
     assert deployment.spec.replicas == 2
