@@ -87,8 +87,8 @@ def test_over_the_project_limit_names_the_quota_and_its_numbers() -> None:
     p = pending(Run(c.snapshot()).settle(), "a2")
     assert (p.code, p.args) == (
         PendingCode.OVER_LIMIT,
-        (("queue", "a"), ("level", "project"), ("pool", "h100"), ("resource", "gpu"), ("asks", 1000),
-         ("used", 3000), ("quota", 3000)),
+        (("queue", "a"), ("level", "project"), ("pool", "h100"), ("resource", "gpu"), ("used", 3000),
+         ("quota", 3000), ("asks", 1000)),
     )  # fmt: skip
 
 
@@ -117,7 +117,7 @@ def test_a_job_beyond_its_deserved_quota_says_so_not_that_no_node_fits() -> None
         "quota": 1000, "fair": 1000,
     }  # fmt: skip
     assert p.message == (
-        "project a uses 1 of its deserved 1 GPUs in pool h100; a1 asks 1 more, which only idle GPUs may lend, "
+        "project a uses 1 of its deserved 1 GPUs in pool h100; asking 1 more, it may only borrow idle GPUs, "
         "and none are idle"
     )
 

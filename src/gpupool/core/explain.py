@@ -9,8 +9,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
+import numpy as np
+
 from gpupool.core.decision import Arg, Pending, PendingCode
 from gpupool.core.model import Request, State
+from gpupool.core.placement.index import IntArray
 from gpupool.core.quota import gpus
 from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkingState, WorkloadState
@@ -113,47 +116,104 @@ def min_runtime(ws: WorkloadState, victim: WorkloadState, until: float) -> Pendi
     )
 
 
-def quota_blocker(session: Session, ws: WorkloadState, pool_idx: int, borrowing: bool) -> Blocker | None:
-    """The first quota of its project and the departments above it that the whole workload would pass in this pool:
-    a limit, a deserved quota it must fit (not preemptible) or, where `borrowing`, the deserved quota (and fair share)
-    beyond which preemptible work only borrows idle GPUs. None where it passes none."""
-    state, w = session.state, ws.w
-    req, n = w.request, w.gang_size
-    pool = state.pools[pool_idx]
-    tree = state.tree
-    for q in tree.chain[ws.queue]:
-        quota = tree.queues[q].quota(pool)
-        head: tuple[Arg, ...] = (
-            ("queue", tree.queues[q].name),
-            ("level", "department" if tree.children[q] else "project"),
-            ("pool", pool),
-        )
-        host = state.host_used[q][pool_idx]
-        for resource, asks, used, np_used, limit, deserved in (
-            ("gpu", req.nominal_milli() * n, state.used[q][pool_idx], state.np_used[q][pool_idx], quota.limit,
-             quota.deserved),
-            ("cpu", req.cpu_milli * n, host[0], host[2], quota.cpu_limit, quota.cpu_deserved),
-            ("memory", req.memory_mib * n, host[1], host[3], quota.memory_limit, quota.memory_deserved),
-        ):  # fmt: skip
-            numbers = (("resource", resource), ("asks", asks))
-            if not asks:
+class Quotas:
+    """The quotas above each project, per pool, as the rooms left under them: worked out once per queue and pool,
+    so that a class's blocker is a few comparisons."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._rooms: dict[tuple[int, int], list[tuple[PendingCode, str, int, tuple[Arg, ...]]]] = {}
+        self._borrow: dict[tuple[int, int], tuple[int, tuple[Arg, ...]]] = {}
+        self._borrowed: dict[tuple[tuple[Arg, ...], int], Pending] = {}
+
+    def blocker(self, ws: WorkloadState, pool_idx: int, borrowing: bool) -> Blocker | None:
+        """The first quota of its project and the departments above it that the whole workload would pass in
+        this pool: a limit, a deserved quota it must fit (not preemptible) or, where `borrowing`, the deserved
+        quota (and fair share) beyond which preemptible work only borrows idle GPUs. None where it passes none."""
+        w = ws.w
+        req, n = w.request, w.gang_size
+        asks = {"gpu": req.nominal_milli() * n, "cpu": req.cpu_milli * n, "memory": req.memory_mib * n}
+        for code, resource, room, args in self._rooms_of(ws.queue, pool_idx):
+            if code is PendingCode.NONPREEMPTIBLE_OVER_DESERVED and w.preemptible:
                 continue
-            if limit is not None and used + asks > limit:
-                return PendingCode.OVER_LIMIT, (*head, *numbers, ("used", used), ("quota", limit))
-            if deserved is None:
+            if code is PendingCode.OVER_DESERVED and not (borrowing and w.preemptible):
                 continue
-            if not w.preemptible and np_used + asks > deserved:
-                return PendingCode.NONPREEMPTIBLE_OVER_DESERVED, (
-                    *head,
-                    *numbers,
-                    ("used", np_used),
-                    ("quota", deserved),
-                )
-            fair = session.fair[q][pool_idx] if resource == "gpu" else deserved
-            if borrowing and w.preemptible and used + asks > max(deserved, fair):
-                extra = (("fair", fair),) if resource == "gpu" else ()
-                return PendingCode.OVER_DESERVED, (*head, *numbers, ("used", used), ("quota", deserved), *extra)
-    return None
+            ask = asks[resource]
+            if ask and ask > room:
+                return code, (*args, ("asks", ask))
+        return None
+
+    def borrowing(self, ws: WorkloadState, pools: list[int]) -> Pending | None:
+        """Over-deserved, where in every pool of `pools` the workload's GPUs would take its project or a
+        department above it past both its deserved quota and its fair share (first pool first); shared by every
+        workload asking as much there. Limits and CPU or memory quotas are allocate's to name (quota.check)."""
+        if not ws.w.preemptible or not pools:
+            return None
+        ask = ws.w.request.nominal_milli() * ws.w.gang_size
+        over = [self._borrow_room(ws.queue, p) for p in pools]
+        if not ask or any(ask <= room for room, _ in over):
+            return None
+        key = (over[0][1], ask)
+        found = self._borrowed.get(key)
+        if found is None:
+            args = (*over[0][1], ("asks", ask))
+            found = self._borrowed[key] = Pending(ws.w.id, PendingCode.OVER_DESERVED, _over_deserved(args), (), args)
+        return found
+
+    def _borrow_room(self, queue: int, pool_idx: int) -> tuple[int, tuple[Arg, ...]]:
+        """The GPU room (milli) its chain leaves before one of them passes deserved and fair share, and the
+        arguments naming that one."""
+        found = self._borrow.get((queue, pool_idx))
+        if found is None:
+            found = min(
+                ((room, args) for code, resource, room, args in self._rooms_of(queue, pool_idx)
+                 if code is PendingCode.OVER_DESERVED and resource == "gpu"),
+                key=lambda x: x[0],
+                default=(1 << 62, ()),
+            )  # fmt: skip
+            self._borrow[(queue, pool_idx)] = found
+        return found
+
+    def _rooms_of(self, queue: int, pool_idx: int) -> list[tuple[PendingCode, str, int, tuple[Arg, ...]]]:
+        """In the order quota.check looks: per queue up the chain, per resource, the limit, then the deserved quota
+        for non-preemptible work, then the deserved quota (or fair share) beyond which work borrows."""
+        found = self._rooms.get((queue, pool_idx))
+        if found is not None:
+            return found
+        state, tree = self.session.state, self.session.state.tree
+        pool = state.pools[pool_idx]
+        found = []
+        for q in tree.chain[queue]:
+            quota = tree.queues[q].quota(pool)
+            head: tuple[Arg, ...] = (
+                ("queue", tree.queues[q].name),
+                ("level", "department" if tree.children[q] else "project"),
+                ("pool", pool),
+            )
+            host = state.host_used[q][pool_idx]
+            fair = self.session.fair[q][pool_idx]
+            for resource, used, np_used, limit, deserved, share in (
+                ("gpu", state.used[q][pool_idx], state.np_used[q][pool_idx], quota.limit, quota.deserved, fair),
+                ("cpu", host[0], host[2], quota.cpu_limit, quota.cpu_deserved, quota.cpu_deserved),
+                ("memory", host[1], host[3], quota.memory_limit, quota.memory_deserved, quota.memory_deserved),
+            ):
+                kind = (*head, ("resource", resource))
+                if limit is not None:
+                    numbers = (*kind, ("used", used), ("quota", limit))
+                    found.append((PendingCode.OVER_LIMIT, resource, limit - used, numbers))
+                if deserved is None or share is None:
+                    continue
+                found.append((
+                    PendingCode.NONPREEMPTIBLE_OVER_DESERVED, resource, deserved - np_used,
+                    (*kind, ("used", np_used), ("quota", deserved)),
+                ))  # fmt: skip
+                extra: tuple[Arg, ...] = (("fair", share),) if resource == "gpu" else ()
+                found.append((
+                    PendingCode.OVER_DESERVED, resource, max(deserved, share) - used,
+                    (*kind, ("used", used), ("quota", deserved), *extra),
+                ))  # fmt: skip
+        self._rooms[(queue, pool_idx)] = found
+        return found
 
 
 def explain_all(session: Session) -> tuple[Pending, ...]:
@@ -166,6 +226,7 @@ def explain_all(session: Session) -> tuple[Pending, ...]:
     for values in priorities.values():
         values.sort()
     enrich = _Enricher(session)
+    behind: dict[tuple[int, int, int], tuple[Arg, ...]] = {}
     for ws in session.state.workloads:
         if ws.bound and ws.pipelined:
             reason = session.pending.get(ws.idx) or waiting(ws)
@@ -173,66 +234,103 @@ def explain_all(session: Session) -> tuple[Pending, ...]:
             continue
         if ws.state is not State.PENDING:
             continue
-        reason = enrich(ws, session.pending.get(ws.idx) or no_room(ws))
+        given = session.pending.get(ws.idx) or no_room(ws)
+        reason = enrich(ws, given)
         if reason.code in BEHIND:
             values = priorities[ws.queue]
             higher = len(values) - bisect.bisect_right(values, ws.w.priority)
             if higher:
-                reason = Pending(
-                    ws.w.id,
-                    PendingCode.QUEUED_BEHIND,
-                    f"queued behind {higher} higher-priority workload{'s' if higher > 1 else ''} "
-                    f"of project {ws.w.project}; {reason.message}",
-                    (),
-                    (("ahead", higher), ("project", ws.w.project), ("blocker", reason.code.value), *reason.args),
+                # Shared by every workload with the same template and place: fewer objects, fewer collections.
+                key = (id(reason), higher, ws.queue)  # `enrich` keeps its templates alive: their ids stay theirs
+                args = behind.get(key)
+                if args is None:
+                    args = (("ahead", higher), ("project", ws.w.project), ("blocker", reason.code.value), *reason.args)
+                    behind[key] = args
+                out.append(
+                    Pending(
+                        ws.w.id,
+                        PendingCode.QUEUED_BEHIND,
+                        f"queued behind {higher} higher-priority workload{'s' if higher > 1 else ''} "
+                        f"of project {ws.w.project}; {reason.message}",
+                        (),
+                        args,
+                    )
                 )
-        out.append(reason)
+                continue
+        out.append(reason if reason is given or reason.workload == ws.w.id else reason.to(ws.w.id))
     out.sort(key=lambda p: p.workload)
     return tuple(out)
 
 
 class _Enricher:
-    """Arguments for reasons given without them, and the quota behind a capacity reason, once per class."""
+    """Arguments for reasons given without them, and the quota behind a capacity reason, once per class: the
+    template it returns may name another workload of the class (the caller renames it)."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
         self.classes = session.classes()
-        self.found: dict[tuple[int, PendingCode, str], Pending | None] = {}
+        self.quotas = Quotas(session)
+        self.found: dict[tuple[int, str], Pending] = {}
+        self.pools: dict[tuple[object, ...], list[int]] = {}
+        self.near: dict[tuple[object, ...], tuple[Arg, ...]] = {}
+        self._free: _Free | None = None
         self._by_id: dict[str, WorkloadState] | None = None
+        self._releasing: dict[str, list[WorkloadState]] | None = None
+        """Node name -> the workloads releasing devices there."""
 
     def __call__(self, ws: WorkloadState, reason: Pending) -> Pending:
         if reason.code not in CAPACITY and (reason.args or reason.code not in (*QUOTA, PendingCode.NEVER_FITS)):
             return reason
-        key = (self.classes[ws.idx], reason.code, reason.message)
-        if key not in self.found:
-            self.found[key] = self._better(ws, reason)
-        better = self.found[key]
-        if better is None:
-            return reason
-        return better if better.workload == ws.w.id else better.to(ws.w.id)
+        key = (self.classes[ws.idx], reason.message)  # the message names the code
+        found = self.found.get(key)
+        if found is None:
+            found = self.found[key] = self._better(ws, reason)
+        return found
 
-    def _better(self, ws: WorkloadState, reason: Pending) -> Pending | None:
+    def _better(self, ws: WorkloadState, reason: Pending) -> Pending:
         if reason.code in CAPACITY:
-            args = reason.args or request_args(ws)
-            blocker = self._quota(ws, borrowing=True, only=PendingCode.OVER_DESERVED)
-            if blocker is not None:
-                return Pending(ws.w.id, PendingCode.OVER_DESERVED, _over_deserved(ws, blocker[1]), (), blocker[1])
-            near = _closest(self.session, ws)
-            return None if not near and reason.args else Pending(ws.w.id, reason.code, reason.message, (), args + near)
+            over = self.quotas.borrowing(ws, self._pools(ws))
+            if over is not None:
+                return over
+            near = self._closest(ws)
+            if not near and reason.args:
+                return reason
+            return Pending(ws.w.id, reason.code, reason.message, (), (reason.args or request_args(ws)) + near)
         if reason.code is PendingCode.NEVER_FITS:
             return Pending(ws.w.id, reason.code, reason.message, (), request_args(ws))
         blocker = self._quota(ws, borrowing=False, only=reason.code)
-        return None if blocker is None else Pending(ws.w.id, reason.code, reason.message, (), blocker[1])
+        return reason if blocker is None else Pending(ws.w.id, reason.code, reason.message, (), blocker[1])
 
-    def _quota(
-        self, ws: WorkloadState, borrowing: bool, only: PendingCode
-    ) -> tuple[PendingCode, tuple[Arg, ...]] | None:
+    def _quota(self, ws: WorkloadState, borrowing: bool, only: PendingCode) -> Blocker | None:
         """The blocker of code `only` in its most preferred pool, where every candidate pool has that blocker."""
-        pools = sorted(self.session.placer.candidate_pools(ws), key=_preference(ws, self.session.state))
-        found = [quota_blocker(self.session, ws, p, borrowing) for p in pools]
+        found = [self.quotas.blocker(ws, p, borrowing) for p in self._pools(ws)]
         if not found or any(f is None or f[0] is not only for f in found):
             return None
         return found[0]
+
+    def _pools(self, ws: WorkloadState) -> list[int]:
+        """Its candidate pools, most preferred first (as allocate names the first pool's quota)."""
+        w = ws.w
+        key = (w.pools, w.gpu_models, w.gang_size > 1)
+        found = self.pools.get(key)
+        if found is None:
+            found = self.pools[key] = sorted(
+                self.session.placer.candidate_pools(ws), key=_preference(ws, self.session.state)
+            )
+        return found
+
+    def _closest(self, ws: WorkloadState) -> tuple[Arg, ...]:
+        """The node that comes closest to hosting one member now, and what it lacks; for a gang also how many
+        members its best pool could host now. Once per shape of request."""
+        w = ws.w
+        shape = (w.request, w.pools, w.gpu_models, w.gang_size)
+        found = self.near.get(shape)
+        if found is None:
+            if self._free is None:
+                self._free = _Free(self.session.state.nodes)
+            groups = [rows for group in self.session.placer.pools_of(ws) for _, rows in group]
+            found = self.near[shape] = self._free.closest(groups, w.request, w.gang_size)
+        return found
 
     def evictions(self, ws: WorkloadState, reason: Pending) -> Pending:
         """What a workload placed behind evictions waits for: this cycle's evictions for it, else the releasing
@@ -242,10 +340,14 @@ class _Enricher:
             self._by_id = {v.w.id: v for v in state.workloads}
         victims = [self._by_id[e.workload] for e in state.evictions if e.preemptor == ws.w.id]
         if not victims:
-            nodes = {p.node for p in ws.placements}
-            victims = [
-                v for v in state.workloads if v.state is State.RELEASING and any(p.node in nodes for p in v.placements)
-            ]
+            if self._releasing is None:
+                self._releasing = {}
+                for v in state.workloads:
+                    if v.state is State.RELEASING:
+                        for node in {p.node for p in v.placements}:
+                            self._releasing.setdefault(node, []).append(v)
+            on = {v.idx: v for p in ws.placements for v in self._releasing.get(p.node, ())}
+            victims = [on[i] for i in sorted(on)]
         borrowers = sorted({v.w.project for v in victims} - {ws.w.project})
         args: tuple[Arg, ...] = (
             ("victims", len(victims)),
@@ -256,61 +358,62 @@ class _Enricher:
         return Pending(ws.w.id, reason.code, reason.message, reason.nominated, args)
 
 
-def _over_deserved(ws: WorkloadState, args: tuple[Arg, ...]) -> str:
+def _over_deserved(args: tuple[Arg, ...]) -> str:
     a = dict(args)
-    unit = {"gpu": " GPUs", "cpu": " millicores", "memory": " MiB"}[str(a["resource"])]
-    amount = (lambda v: gpus(int(v))) if a["resource"] == "gpu" else str
     return (
-        f"{a['level']} {a['queue']} uses {amount(a['used'])} of its deserved {amount(a['quota'])}{unit} in pool "
-        f"{a['pool']}; {ws.w.shown} asks {amount(a['asks'])} more, which only idle GPUs may lend, and none are idle"
+        f"{a['level']} {a['queue']} uses {gpus(int(a['used']))} of its deserved {gpus(int(a['quota']))} GPUs in "
+        f"pool {a['pool']}; asking {gpus(int(a['asks']))} more, it may only borrow idle GPUs, and none are idle"
     )
 
 
-def _closest(session: Session, ws: WorkloadState) -> tuple[Arg, ...]:
-    """The node that comes closest to hosting one member now, and what it lacks; for a gang also how many
-    members its best pool could host now."""
-    req = ws.w.request
-    best: tuple[tuple[int, ...], str] | None = None
-    fits = 0
-    for group in session.placer.groups(ws):
-        room = 0
-        for n in group:
-            if not n.schedulable:
+LACKS = ("lacks_gpus", "lacks_gpu_milli", "lacks_gpu_memory_mib", "lacks_cpu_milli", "lacks_memory_mib")
+
+
+class _Free:
+    """What each node has free now (releasing work still holds its part), as arrays by node index."""
+
+    def __init__(self, nodes: list[NodeState]) -> None:
+        self.names = [n.name for n in nodes]
+        self.schedulable = np.array([n.schedulable for n in nodes], dtype=bool)
+        self.whole = np.array([n.free_whole(False) for n in nodes], dtype=np.int64)
+        self.share = np.array([n.summary()[2] for n in nodes], dtype=np.int64)
+        self.device_memory = np.array(
+            [max((d.memory - d.used_mem - d.rel_mem for d in n.devices if not d.whole and not d.rel_whole), default=0)
+             for n in nodes],
+            dtype=np.int64,
+        )  # fmt: skip
+        self.cpu = np.array([n.cpu - n.used_cpu - n.rel_cpu for n in nodes], dtype=np.int64)
+        self.memory = np.array([n.memory - n.used_memory - n.rel_memory for n in nodes], dtype=np.int64)
+
+    def closest(self, groups: list[IntArray], req: Request, members: int) -> tuple[Arg, ...]:
+        best: tuple[tuple[int, ...], str] | None = None
+        fits = 0
+        for rows in groups:
+            rows = rows[self.schedulable[rows]]
+            if not len(rows):
                 continue
-            lacks = _lacks(n, req)
-            key = (sum(1 for x in lacks if x), *lacks)
-            if best is None or (key, n.name) < best:
-                best = (key, n.name)
-            room += _members(n, req) if not any(lacks) else 0
-        fits = max(fits, room)
-    if best is None or not best[0][0]:
-        return ()
-    names = ("lacks_gpus", "lacks_gpu_milli", "lacks_gpu_memory_mib", "lacks_cpu_milli", "lacks_memory_mib")
-    lacking = tuple((name, v) for name, v in zip(names, best[0][1:], strict=True) if v)
-    return (("node", best[1]), *lacking, *((("fits", fits),) if ws.w.gang_size > 1 else ()))
-
-
-def _lacks(n: NodeState, req: Request) -> tuple[int, int, int, int, int]:
-    """What node `n` lacks now for one member: whole GPUs, a device's share, a device's memory, CPU, memory."""
-    whole = max(0, req.gpus - n.free_whole(False)) if req.gpus else 0
-    share = max(0, req.gpu_milli - n.summary()[2]) if req.gpu_milli else 0
-    device_memory = 0
-    if req.gpu_memory_mib:
-        free = [d.memory - d.used_mem - d.rel_mem for d in n.devices if not d.whole and not d.rel_whole]
-        device_memory = max(0, req.gpu_memory_mib - max(free, default=0))
-    cpu = max(0, n.used_cpu + n.rel_cpu + req.cpu_milli - n.cpu)
-    memory = max(0, n.used_memory + n.rel_memory + req.memory_mib - n.memory)
-    return whole, share, device_memory, cpu, memory
-
-
-def _members(n: NodeState, req: Request) -> int:
-    """Members of `req` node `n` could host now (an estimate: host resources and whole GPUs bound it)."""
-    bounds = [n.free_whole(False) // req.gpus] if req.gpus else [1]
-    if req.cpu_milli:
-        bounds.append((n.cpu - n.used_cpu - n.rel_cpu) // req.cpu_milli)
-    if req.memory_mib:
-        bounds.append((n.memory - n.used_memory - n.rel_memory) // req.memory_mib)
-    return max(0, min(bounds))
+            lacks = np.stack([
+                np.maximum(0, need - free[rows]) if need else np.zeros(len(rows), np.int64)
+                for need, free in (
+                    (req.gpus, self.whole), (req.gpu_milli, self.share), (req.gpu_memory_mib, self.device_memory),
+                    (req.cpu_milli, self.cpu), (req.memory_mib, self.memory),
+                )
+            ])  # fmt: skip
+            count = (lacks > 0).sum(axis=0)
+            i = int(np.lexsort((*lacks[::-1], count))[0])  # fewest lacks, then least GPU lacking, ...
+            key = (int(count[i]), *(int(x) for x in lacks[:, i]))
+            if best is None or (key, self.names[int(rows[i])]) < best:
+                best = (key, self.names[int(rows[i])])
+            room = np.full(len(rows), 1, np.int64) if not req.gpus else self.whole[rows] // req.gpus
+            if req.cpu_milli:
+                room = np.minimum(room, self.cpu[rows] // req.cpu_milli)
+            if req.memory_mib:
+                room = np.minimum(room, self.memory[rows] // req.memory_mib)
+            fits = max(fits, int(np.where(count == 0, np.maximum(room, 0), 0).sum()))
+        if best is None or not best[0][0]:
+            return ()
+        lacking = tuple((name, v) for name, v in zip(LACKS, best[0][1:], strict=True) if v)
+        return (("node", best[1]), *lacking, *((("fits", fits),) if members > 1 else ()))
 
 
 def _preference(ws: WorkloadState, state: WorkingState) -> Callable[[int], tuple[int, str]]:
