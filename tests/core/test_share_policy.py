@@ -81,7 +81,7 @@ def test_a_full_device_is_no_room_not_the_share_rule() -> None:
     c = two_projects(gpus=1).project("b", deserved=1)  # b keeps its device: nothing to reclaim
     c.running("fb", "b", "gpu-0", [0], gpu=0.75).submit("fa", "a", gpu=0.5)
     run = Run(c.snapshot()).settle()
-    assert run.reason("fa") == "no-node-fits"
+    assert run.reason("fa") == "over-deserved"  # a deserves nothing: only an idle GPU could take it
 
 
 def test_whole_gpus_are_unaffected() -> None:

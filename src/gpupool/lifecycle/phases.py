@@ -80,6 +80,8 @@ class PendingReason(StrEnum):
     """Submitted; no cycle has looked at it yet."""
     OVER_LIMIT = "over-limit"
     NONPREEMPTIBLE_OVER_DESERVED = "nonpreemptible-over-deserved"
+    OVER_DESERVED = "over-deserved"
+    MIN_RUNTIME = "min-runtime"
     NO_NODE_FITS = "no-node-fits"
     NEVER_FITS = "never-fits"
     GANG_UNPLACEABLE = "gang-unplaceable"
