@@ -11,13 +11,16 @@ ends that came before (`Basis.DECLARED` when it waits for none). A workload stil
 stops gets no time, and the code and sentence of the reason the core gave at the last step: "not while that
 holds".
 
-Cost. A step costs one `schedule()` on the snapshot (and one more per round of evictions, at most
-`EVICTION_ROUNDS`). Steps are taken at the next end or minimum-runtime expiry, but at least `min_step_s` and
-`resolution` times the lookahead so far apart (ends closer than that are taken together at the later time, so
-an estimate is late by at most that share of its wait), and at most `max_steps`: with the defaults, 64 steps
-reach about five days ahead when ends are dense. A `Forecast` is advanced a step at a time, so a caller with a
-clock can spread one over several cycles under a time budget per cycle and publish it when `done`; its result
-does not depend on how the steps were spread. Pure and deterministic: the core reads no clock.
+Cost. A step costs one cycle of the core's actions on the forward snapshot (`schedule()` without the wording
+of every pending reason; one more per round of evictions, at most `EVICTION_ROUNDS`), and the last step one
+`schedule()` for the reasons of what is left. Steps are taken at the next end or minimum-runtime expiry, but at
+least `min_step_s` and `resolution` times the lookahead so far apart (ends closer than that are taken together at
+the later time, so an estimate is late by at most that share of its wait), and at most `max_steps`: with the
+defaults, 64 steps reach about 14 days ahead when ends are dense. The typical mix and model demand of the live
+snapshot are kept for every step, so placement scores computed once are reused through `memo`. A `Forecast` is
+advanced a step at a time, so a caller with a clock can spread one over several cycles under a time budget per
+cycle and publish it when `done`; its result does not depend on how the steps were spread. Pure and
+deterministic: the core reads no clock.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpupool.core.config import SchedulerConfig
-from gpupool.core.cycle import schedule
-from gpupool.core.decision import Decision, PendingCode
+from gpupool.core.cycle import ACTIONS, schedule
+from gpupool.core.decision import Bind, Pending, PendingCode
 from gpupool.core.model import Snapshot, State, Workload
 from gpupool.core.placement.memo import Memo
 from gpupool.core.runtime_model import UNKNOWN, Basis, Runtime, RuntimeModel
+from gpupool.core.session import derive_mix, derive_model_demand, open_session
 
 EVICTION_ROUNDS = 3
 _ORDER = (Basis.DECLARED, Basis.HISTORY, Basis.NONE)
@@ -77,7 +81,17 @@ class Forecast:
         limits: Limits | None = None,
         memo: Memo | None = None,
     ) -> None:
-        self.config, self.limits, self.memo = config or SchedulerConfig(), limits or Limits(), memo
+        config = config or SchedulerConfig()
+        # The typical mix and the model demand stay those of the live snapshot: what is running and waiting now
+        # is the best guess of what will be, and scores computed for one mix are reused across steps.
+        self.config = dataclasses.replace(
+            config,
+            typical_mix=(
+                config.typical_mix if config.typical_mix is not None else derive_mix(snapshot, config.mix_coverage_pct)
+            ),
+            model_demand=config.model_demand if config.model_demand is not None else derive_model_demand(snapshot),
+        )
+        self.limits, self.memo = limits or Limits(), memo
         self.now = snapshot.now
         self.steps = 0
         """Forward decisions taken so far."""
@@ -92,7 +106,6 @@ class Forecast:
         self._workloads: dict[str, Workload] = {w.id: w for w in snapshot.workloads}
         self._waiting = {w.id for w in snapshot.workloads if w.state is State.PENDING}
         self._found: dict[str, Estimate] = {}
-        self._last: Decision | None = None
         self._beyond = False
         for w in snapshot.workloads:
             if w.state is State.RUNNING:
@@ -117,6 +130,11 @@ class Forecast:
             self._beyond = self._next_time() is not None
             return self._finish()
         return True
+
+    @property
+    def at(self) -> float:
+        """The time of the latest step."""
+        return self._t
 
     def run(self) -> dict[str, Estimate]:
         while self.step():
@@ -161,18 +179,14 @@ class Forecast:
     def _decide(self) -> None:
         at = self._t
         for _ in range(EVICTION_ROUNDS):
-            snapshot = dataclasses.replace(self._snapshot, workloads=tuple(self._workloads.values()), now=at)
-            decision = schedule(snapshot, self.config, memo=self.memo)
-            self.cycles += 1
-            self._last = decision
-            nominated = {p.workload: tuple(sorted({x.node for x in p.nominated})) for p in decision.pending}
-            for e in decision.evictions:
-                w = self._workloads[e.workload]
+            binds, evictions, nominated = self._cycle(at)
+            for wid in evictions:
+                w = self._workloads[wid]
                 self._ends.pop(w.id, None)
                 self._workloads[w.id] = dataclasses.replace(
                     w, state=State.PENDING, placements=(), start_time=None, nominated_nodes=nominated.get(w.id, ())
                 )
-            for b in decision.binds:
+            for b in binds:
                 w = dataclasses.replace(
                     self._workloads[b.workload],
                     state=State.RUNNING,
@@ -185,15 +199,35 @@ class Forecast:
                 if w.id in self._waiting:
                     self._waiting.discard(w.id)
                     self._found[w.id] = Estimate(w.id, at, self._basis)
-            for wid, nodes in nominated.items():
-                w = self._workloads[wid]
-                if w.state is State.PENDING and w.nominated_nodes != nodes:
-                    self._workloads[wid] = dataclasses.replace(w, nominated_nodes=nodes)
-            if not decision.evictions:
+            for wid, w in self._workloads.items():  # as the control plane keeps nominations, and drops them
+                if w.state is State.PENDING and w.nominated_nodes != nominated.get(wid, ()):
+                    self._workloads[wid] = dataclasses.replace(w, nominated_nodes=nominated.get(wid, ()))
+            if not evictions:
                 break
 
+    def _cycle(self, at: float) -> tuple[tuple[Bind, ...], list[str], dict[str, tuple[str, ...]]]:
+        """One cycle of the core's actions at `at`, as `schedule()` runs them, without the wording of every
+        pending reason (only the last step's are read, `_finish` asks for them): binds, evicted workloads, and
+        the nodes each workload waiting for evictions will start on."""
+        snapshot = dataclasses.replace(self._snapshot, workloads=tuple(self._workloads.values()), now=at)
+        session = open_session(snapshot, self.config, self.memo)
+        for name in self.config.actions:
+            ACTIONS[name](session)
+        self.cycles += 1
+        nominated: dict[str, tuple[str, ...]] = {}
+        for ws in session.state.workloads:
+            if ws.bound and ws.pipelined:
+                reason = session.pending.get(ws.idx)
+                where = reason.nominated if reason is not None and reason.nominated else ws.placements
+                nominated[ws.w.id] = tuple(sorted({p.node for p in where}))
+        return session.bound(), sorted(e.workload for e in session.state.evictions), nominated
+
     def _finish(self) -> bool:
-        reasons = {p.workload: p for p in self._last.pending} if self._last is not None else {}
+        reasons: dict[str, Pending] = {}
+        if self._waiting:
+            snapshot = dataclasses.replace(self._snapshot, workloads=tuple(self._workloads.values()), now=self._t)
+            reasons = {p.workload: p for p in schedule(snapshot, self.config, memo=self.memo).pending}
+            self.cycles += 1
         for wid in sorted(self._waiting):
             reason = reasons.get(wid)
             self._found[wid] = Estimate(
