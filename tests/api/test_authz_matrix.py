@@ -226,6 +226,10 @@ CASES: dict[str, Case] = {
         _by(WRITERS_OWN, MANAGERS_OTHER, 409),
     ),
     "usage_report": (lambda w, t: ("GET", "/api/v1/reports/usage", None, {"start": "0", "end": "1"}), _everyone(200)),
+    "rightsizing_report": (  # a project's report is read by those who read the project
+        lambda w, t: ("GET", "/api/v1/reports/rightsizing", None, {"project": _project(t)}),
+        _by(SEES_OWN, SEES_OTHER, 200),
+    ),
     "workload_logs": (
         lambda w, t: ("GET", f"/api/v1/workloads/{_workload(t)}/logs", None, {"project": _project(t)}),
         _by(SEES_OWN, SEES_OTHER, 200),

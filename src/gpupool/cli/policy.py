@@ -1,4 +1,5 @@
-"""Idle and runtime policies (`gpupool project policy`, `gpupool department policy`) and usage reports."""
+"""Idle and runtime policies (`gpupool project policy`, `gpupool department policy`), usage and right-sizing
+reports."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Annotated
 import typer
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
+from gpupool.models.rightsizing import RightsizingLine
 from gpupool.models.schemas import PolicyPublic, PolicyUpdate
 
-report_app = typer.Typer(help="Usage and cost reports.", no_args_is_help=True)
+report_app = typer.Typer(help="Usage, cost and right-sizing reports.", no_args_is_help=True)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 TYPES = ("notebook", "training", "inference", "batch")
@@ -116,4 +118,62 @@ def usage(
         f"usage by {by}",
         (by.upper(), "GPU-HOURS", "BUSY", "IDLE", "COST", "BUSY COST", "IDLE COST"),
         ((line.key, *(f"{getattr(line, col):.2f}" for col in cols[1:])) for line in lines),
+    )
+
+
+_RIGHTSIZING_COLUMNS = (
+    "project", "workload", "state", "request", "workers", "sampled_minutes", "peak_gpu_memory_mib",
+    "peak_gpu_util_pct", "busy_pct", "gpu_hours", "freed_gpu_hours",
+)  # fmt: skip
+ProjectFilter = Annotated[str | None, typer.Option("-p", "--project", help="One project (default: all you read).")]
+Since = Annotated[str | None, typer.Option("--from", help="Start, ISO date or time (UTC); default a week ago.")]
+Until = Annotated[str, typer.Option("--to", help="End, ISO date or time (UTC), or now.")]
+Fmt = Annotated[str, typer.Option("-o", "--output", help="table, json or csv (one row per workload).")]
+
+
+def _maybe(value: object, fmt: str = "{}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _rightsizing_row(line: RightsizingLine) -> list[object]:
+    a = line.advice
+    advised = (a.gpus, a.gpu, a.gpu_memory_mib, a.message) if a else (None, None, None, None)
+    return [*(getattr(line, col) for col in _RIGHTSIZING_COLUMNS), *("" if v is None else v for v in advised)]
+
+
+def _rightsizing_cells(x: RightsizingLine) -> tuple[str, ...]:
+    return (
+        x.project, x.workload, x.request, _maybe(x.peak_gpu_memory_mib, "{} MiB"), _maybe(x.peak_gpu_util_pct, "{}%"),
+        _maybe(x.busy_pct, "{:g}%"), f"{x.gpu_hours:.2f}", f"{x.freed_gpu_hours:.2f}",
+        x.advice.message if x.advice else "-",
+    )  # fmt: skip
+
+
+@report_app.command("rightsizing")
+def rightsizing(project: ProjectFilter = None, start: Since = None, end: Until = "now", output: Fmt = "table") -> None:
+    """Workloads whose peak GPU memory or utilisation stayed far under their request, the request that would do,
+    and the GPU-hours it would have freed, per project."""
+    if output not in ("table", "json", "csv"):
+        fail("-o must be table, json or csv", 2)
+    until = _when(end)
+    with client() as c:
+        report = c.rightsizing(project, _when(start) if start is not None else until - 7 * 86400, until)
+    if output == "json":
+        emit_json(report)
+        return
+    if output == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow([*_RIGHTSIZING_COLUMNS, "advised_gpus", "advised_gpu", "advised_gpu_memory_mib", "advice"])
+        writer.writerows(_rightsizing_row(line) for line in report.lines)
+        return
+    print_table(
+        "right-sizing",
+        ("PROJECT", "WORKLOAD", "REQUEST", "PEAK MEM", "PEAK UTIL", "BUSY", "GPU-HOURS", "FREED", "ADVICE"),
+        (_rightsizing_cells(x) for x in report.lines),
+    )
+    totals = [*report.projects, report.total]
+    print_table(
+        "GPU-hours right-sizing would have freed",
+        ("PROJECT", "GPU-HOURS", "FREED", "ADVISED"),
+        ((t.project, f"{t.gpu_hours:.2f}", f"{t.freed_gpu_hours:.2f}", str(t.advised)) for t in totals),
     )

@@ -19,6 +19,7 @@ from gpupool.models.access import (
     TokenCreated,
     TokenPublic,
 )
+from gpupool.models.rightsizing import RightsizingReport
 from gpupool.models.schemas import (
     DepartmentCreate,
     DevicePending,
@@ -147,6 +148,13 @@ class Client:
 
     def usage(self, start: float, end: float, by: str = "project") -> UsageReport:
         return self._get(UsageReport, "/api/v1/reports/usage", params={"start": start, "end": end, "by": by})
+
+    def rightsizing(
+        self, project: str | None = None, start: float | None = None, end: float | None = None
+    ) -> RightsizingReport:
+        """Right-sizing advice per workload and the GPU-hours it would free (the server's default: the last week)."""
+        params = {k: v for k, v in (("project", project), ("start", start), ("end", end)) if v is not None}
+        return self._get(RightsizingReport, "/api/v1/reports/rightsizing", params=params)
 
     def create_user(self, body: UserCreate) -> UserCreated:
         return self._send(UserCreated, "POST", "/api/v1/users", body)

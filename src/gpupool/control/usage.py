@@ -1,4 +1,5 @@
-"""Telemetry written down: each running workload's utilisation, idle clock, and its usage per minute."""
+"""Telemetry written down: each running workload's utilisation, idle clock, peaks (for right-sizing advice), and
+its usage per minute."""
 
 from __future__ import annotations
 
@@ -37,17 +38,23 @@ def account(
             continue
         weighted = 0.0
         memory = 0
+        largest = 0
         for a in allocs:
             seen = sample.members.get(a.id)
             share = sum(int(d["milli"]) for d in a.devices)
             if seen is not None:
                 weighted += seen.util_pct * share
                 memory += seen.memory_used_mib
+                largest = max(largest, seen.memory_used_mib)
         util = round(weighted / milli)
         idle_since = (row.idle_since or since) if util < policies[row.project_id].idle_threshold_pct else None
         if (row.gpu_util_pct, row.gpu_memory_used_mib, row.idle_since) != (util, memory, idle_since):
             # Only rows that changed are written (and stamped): most keep their figures from one sample to the next.
             row.gpu_util_pct, row.gpu_memory_used_mib, row.idle_since = util, memory, idle_since
+        # Peaks for right-sizing: they change only when a sample beats them, so they seldom add a write.
+        peaks = (max(row.gpu_memory_peak_mib or 0, largest), max(row.gpu_util_peak_pct or 0, util))
+        if (row.gpu_memory_peak_mib, row.gpu_util_peak_pct) != peaks:
+            row.gpu_memory_peak_mib, row.gpu_util_peak_pct = peaks
         if dt == 0:
             continue
         node = nodes.get(allocs[0].node)

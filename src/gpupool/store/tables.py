@@ -221,6 +221,11 @@ class WorkloadRow(Base):
     gpu_util_pct: Mapped[int | None] = mapped_column(Integer, nullable=True)
     """Last sampled GPU utilisation of its share (0-100)."""
     gpu_memory_used_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    gpu_memory_peak_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The most GPU memory one member was seen to use, over every sample of its life (what a per-worker request
+    must hold): right-sizing advice reads it (gpupool.services.rightsizing)."""
+    gpu_util_peak_pct: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The highest sampled utilisation of its whole grant (0-100): how many of several GPUs it ever kept busy."""
     idle_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     queued_at: Mapped[float] = mapped_column(Float)
