@@ -152,7 +152,13 @@ def _rightsizing_cells(x: RightsizingLine) -> tuple[str, ...]:
 @report_app.command("rightsizing")
 def rightsizing(project: ProjectFilter = None, start: Since = None, end: Until = "now", output: Fmt = "table") -> None:
     """Workloads whose peak GPU memory or utilisation stayed far under their request, the request that would do,
-    and the GPU-hours it would have freed, per project."""
+    and the GPU-hours it would have freed, per project.
+
+    Advice comes after 30 minutes of samples:
+
+    - one GPU or less per worker, peak memory under half of it, under 30% busy: `--gpu-memory` or `--gpu`;
+
+    - several whole GPUs per worker, fewer ever busy at once: `--gpus k`."""
     if output not in ("table", "json", "csv"):
         fail("-o must be table, json or csv", 2)
     until = _when(end)

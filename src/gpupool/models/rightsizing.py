@@ -1,11 +1,19 @@
 """Wire models of right-sizing advice and its report. Like schemas.py, they depend on pydantic only (the client and
-the CLI import them); the rule that gives the advice is gpupool.services.rightsizing's."""
+the CLI import them); the rule that gives the advice is gpupool.services.rightsizing's. They import nothing of
+schemas.py, so that schemas.py may import RightsizingAdvice (for WorkloadDetail) without a cycle."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from gpupool.models.schemas import Reply
+from pydantic import BaseModel, ConfigDict
+
+
+class Reply(BaseModel):
+    """As schemas.Reply: an answer is read tolerantly (a newer server may add fields)."""
+
+    model_config = ConfigDict(extra="ignore")
+
 
 AdviceRule = Literal["share", "gpus"]
 """share: one GPU or less per worker, ask a fraction or its memory; gpus: several whole GPUs per worker, fewer

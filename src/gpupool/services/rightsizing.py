@@ -138,7 +138,9 @@ def advise(grant: Grant, workers: int, seen: Observed) -> RightsizingAdvice | No
 
 
 def grant_of(row: WorkloadRow) -> Grant | None:
-    """What one worker of its latest attempt with allocations held; None where it never held a GPU."""
+    """What one worker of its latest attempt with allocations held; None where it never held a GPU. A device's
+    memory is worked out from a share (memory over milli): exact for whole GPUs and fractions, at most 1% low for
+    a memory ask of a tenth or more (its milli is rounded up), which only errs towards advising more."""
     attempts = [a.attempt for a in row.allocations]
     if not attempts:
         return None

@@ -26,7 +26,10 @@ def rightsizing_report(
     start: UnixQ = None,
     end: UnixQ = None,
 ) -> RightsizingReport:
-    """Workloads that held GPUs in the period (default: the week to now), in the projects the caller may read."""
+    """Workloads that held GPUs in the period (default: the week to now), in the projects the caller may read: the
+    request, peak use and advice of each, and the GPU-hours the advice would have freed. Advice comes after 30
+    minutes of samples: one GPU or less per worker with peak memory under half its grant and under 30% busy is
+    advised `--gpu-memory` or `--gpu`; several whole GPUs of which fewer were ever busy at once, `--gpus k`."""
     until = end if end is not None else time.time()
     since = start if start is not None else until - WEEK_S
     return rightsizing.report(session, who, since, until, project)
