@@ -124,7 +124,7 @@ class Quotas:
         self.session = session
         self._rooms: dict[tuple[int, int], list[tuple[PendingCode, str, int, tuple[Arg, ...]]]] = {}
         self._borrow: dict[tuple[int, int], tuple[int, tuple[Arg, ...]]] = {}
-        self._borrowed: dict[tuple[tuple[Arg, ...], int], Pending] = {}
+        self._borrowed: dict[tuple[int, int], Pending] = {}
 
     def blocker(self, ws: WorkloadState, pool_idx: int, borrowing: bool) -> Blocker | None:
         """The first quota of its project and the departments above it that the whole workload would pass in
@@ -153,7 +153,7 @@ class Quotas:
         over = [self._borrow_room(ws.queue, p) for p in pools]
         if not ask or any(ask <= room for room, _ in over):
             return None
-        key = (over[0][1], ask)
+        key = (id(over[0][1]), ask)  # `_borrow` holds the arguments: their id stays theirs
         found = self._borrowed.get(key)
         if found is None:
             args = (*over[0][1], ("asks", ask))
@@ -217,7 +217,12 @@ class Quotas:
 
 
 def explain_all(session: Session) -> tuple[Pending, ...]:
-    """A reason for every workload still pending, in workload order."""
+    """A reason for every workload still pending, in workload order.
+
+    An action's reason may be its class's, shared by the workloads allocate did not try again and naming the
+    one it did (`allocate._allocate_settling`). Each distinct reason is enriched once per place in its project's
+    queue, and each workload gets its own copy of the result: a pending workload costs one lookup and one
+    Pending."""
     out: list[Pending] = list(session.unknown)
     priorities: dict[int, list[int]] = {}
     for ws in session.state.workloads:
@@ -226,7 +231,9 @@ def explain_all(session: Session) -> tuple[Pending, ...]:
     for values in priorities.values():
         values.sort()
     enrich = _Enricher(session)
-    behind: dict[tuple[int, int, int], tuple[Arg, ...]] = {}
+    done: dict[tuple[int, int, int], tuple[Pending, PendingCode, str, tuple[Arg, ...]]] = {}
+    """(id of an action's reason, higher-priority workloads of its project, its queue) -> that reason (held, so
+    the id stays its own) and the code, sentence and arguments its workloads get."""
     for ws in session.state.workloads:
         if ws.bound and ws.pipelined:
             reason = session.pending.get(ws.idx) or waiting(ws)
@@ -235,31 +242,26 @@ def explain_all(session: Session) -> tuple[Pending, ...]:
         if ws.state is not State.PENDING:
             continue
         given = session.pending.get(ws.idx) or no_room(ws)
-        reason = enrich(ws, given)
-        if reason.code in BEHIND:
-            values = priorities[ws.queue]
-            higher = len(values) - bisect.bisect_right(values, ws.w.priority)
-            if higher:
-                # Shared by every workload with the same template and place: fewer objects, fewer collections.
-                key = (id(reason), higher, ws.queue)  # `enrich` keeps its templates alive: their ids stay theirs
-                args = behind.get(key)
-                if args is None:
-                    args = (("ahead", higher), ("project", ws.w.project), ("blocker", reason.code.value), *reason.args)
-                    behind[key] = args
-                out.append(
-                    Pending(
-                        ws.w.id,
-                        PendingCode.QUEUED_BEHIND,
-                        f"queued behind {higher} higher-priority workload{'s' if higher > 1 else ''} "
-                        f"of project {ws.w.project}; {reason.message}",
-                        (),
-                        args,
-                    )
-                )
-                continue
-        out.append(reason if reason is given or reason.workload == ws.w.id else reason.to(ws.w.id))
+        values = priorities[ws.queue]
+        key = (id(given), len(values) - bisect.bisect_right(values, ws.w.priority), ws.queue)
+        found = done.get(key)
+        if found is None or found[0] is not given:
+            found = done[key] = (given, *_behind(ws, enrich(ws, given), key[1]))
+        out.append(Pending(ws.w.id, found[1], found[2], (), found[3]))
     out.sort(key=lambda p: p.workload)
     return tuple(out)
+
+
+def _behind(ws: WorkloadState, reason: Pending, higher: int) -> tuple[PendingCode, str, tuple[Arg, ...]]:
+    """The reason a workload with `higher` higher-priority workloads ahead of it in its project gets."""
+    if not higher or reason.code not in BEHIND:
+        return reason.code, reason.message, reason.args
+    return (
+        PendingCode.QUEUED_BEHIND,
+        f"queued behind {higher} higher-priority workload{'s' if higher > 1 else ''} of project {ws.w.project}; "
+        f"{reason.message}",
+        (("ahead", higher), ("project", ws.w.project), ("blocker", reason.code.value), *reason.args),
+    )
 
 
 class _Enricher:
@@ -336,16 +338,17 @@ class _Enricher:
         """What a workload placed behind evictions waits for: this cycle's evictions for it, else the releasing
         work on its nodes."""
         state = self.session.state
-        if self._by_id is None:
-            self._by_id = {v.w.id: v for v in state.workloads}
+        if self._by_id is None or self._releasing is None:
+            self._by_id, self._releasing = {}, {}
+            evicted = {e.workload for e in state.evictions}
+            for v in state.workloads:
+                if v.w.id in evicted:
+                    self._by_id[v.w.id] = v
+                if v.state is State.RELEASING:
+                    for node in {p.node for p in v.placements}:
+                        self._releasing.setdefault(node, []).append(v)
         victims = [self._by_id[e.workload] for e in state.evictions if e.preemptor == ws.w.id]
         if not victims:
-            if self._releasing is None:
-                self._releasing = {}
-                for v in state.workloads:
-                    if v.state is State.RELEASING:
-                        for node in {p.node for p in v.placements}:
-                            self._releasing.setdefault(node, []).append(v)
             on = {v.idx: v for p in ws.placements for v in self._releasing.get(p.node, ())}
             victims = [on[i] for i in sorted(on)]
         borrowers = sorted({v.w.project for v in victims} - {ws.w.project})

@@ -75,7 +75,9 @@ def _allocate_settling(session: Session, failed: set[tuple[object, ...]], has_re
         c = classes[ws.idx]
         reason = seen.get(c)
         if reason is not None:
-            session.pending[ws.idx] = Pending(ws.w.id, reason.code, reason.message)
+            # The class's reason itself, naming the workload that gave it: explain_all gives each its own copy,
+            # with the numbers it works out once per such reason.
+            session.pending[ws.idx] = reason
             order.unchanged = True
             continue
         if _attempt(session, ws, failed, has_releasing) is Outcome.PLACED:
