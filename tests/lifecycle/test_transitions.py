@@ -142,6 +142,22 @@ def test_cancel_ends_queued_work_at_once_and_overrides_an_eviction_under_way() -
     assert (live.state, render(done.code, done.reason_code, done.args)) == (Phase.CANCELLED, "cancelled by ana")
 
 
+def test_a_waiting_reason_keeps_the_schedulers_numbers_beside_its_sentence() -> None:
+    row = _row()
+    quota = (("queue", "vision"), ("level", "project"), ("pool", "h100"), ("used", 6000), ("quota", 8000))
+    sentence = "vision would exceed its limit of 8 GPUs in pool h100 (using 6, asks 4)"
+    assert lc.waiting(row, PendingReason.OVER_LIMIT, sentence, (*quota, ("asks", 4000))) is True
+    assert row.reason_args == {
+        "detail": sentence, "queue": "vision", "level": "project", "pool": "h100", "used": 6000, "quota": 8000,
+        "asks": 4000,
+    }  # fmt: skip
+    assert list(row.reason_args) == ["detail", "queue", "level", "pool", "used", "quota", "asks"]
+    assert lc.waiting(row, PendingReason.OVER_LIMIT, sentence, (*quota, ("asks", 4000))) is False  # unchanged
+    assert lc.waiting(row, PendingReason.OVER_LIMIT, sentence, (*quota, ("asks", 2000))) is True  # a number moved
+    assert row.reason_args["asks"] == 2000
+    assert text(row) == sentence
+
+
 @pytest.mark.parametrize("terminal", [Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED])
 def test_nothing_leaves_a_terminal_phase(terminal: Phase) -> None:
     row = _row()

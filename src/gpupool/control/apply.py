@@ -72,7 +72,7 @@ def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> lis
         # A workload moved to make room is stopped and nominated elsewhere in one decision: its reason stays
         # the eviction's until it has stopped; the nomination is kept for its restart.
         if pend.workload not in stopping and row.state in QUEUED:
-            lifecycle.waiting(row, PendingReason(pend.code.value), pend.message)
+            lifecycle.waiting(row, PendingReason(pend.code.value), pend.message, pend.args)
         if row.nominated != nominated:
             row.nominated = nominated
     return events

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from gpupool.core import Decision, Workload
 from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import LIVE, QUEUED, PendingReason
+from gpupool.lifecycle.transitions import waiting_args
 from gpupool.store import changes
 from gpupool.store.snapshot import core_workload, row_id
 from gpupool.store.tables import WorkloadRow
@@ -35,15 +36,24 @@ class Queued:
     """Its current reason as the scheduler last gave it: the PendingReason and the sentence's detail; None where
     its reason is not the scheduler's (just submitted, requeued after a stop)."""
     detail: str | None
+    args: Args
+    """The numbers behind it, as the core gives them (`Pending.args`)."""
     nominated: list[str]
     workload: Workload
 
 
-def _queued(row: WorkloadRow | Row[Any], project: str) -> Queued:
-    args = row.reason_args or {}
-    ours = row.reason_event == EventCode.QUEUED and set(args) == {"detail"}
-    code, detail = (row.reason_code, args["detail"]) if ours else (None, None)
-    return Queued(int(row.version), code, detail, list(row.nominated), core_workload(row, project))
+Args = tuple[tuple[str, int | str], ...]
+
+
+def _queued(row: WorkloadRow | Row[Any], project: str, intern: dict[Args, Args]) -> Queued:
+    stored = row.reason_args or {}
+    ours = row.reason_event == EventCode.QUEUED and "detail" in stored
+    code, detail = (row.reason_code, stored["detail"]) if ours else (None, None)
+    args = tuple((k, v) for k, v in stored.items() if k != "detail") if ours else ()
+    # One object for equal arguments, so the steady cycle compares them by identity (see `waiting`).
+    return Queued(
+        int(row.version), code, detail, intern.setdefault(args, args), list(row.nominated), core_workload(row, project)
+    )
 
 
 class WorkloadView:
@@ -59,6 +69,8 @@ class WorkloadView:
         self.live: dict[int, WorkloadRow] = {}
         self._projects: dict[int, str] = {}
         self._order: list[Workload] | None = None
+        self._args: dict[Args, Args] = {}
+        """Reasons' arguments as kept, one object for equal ones."""
 
     def refresh(self, session: Session, projects: Mapping[int, str]) -> None:
         """Read what was written since the last refresh (everything, the first time)."""
@@ -72,7 +84,7 @@ class WorkloadView:
                 kept = self.queued.get(t.id)
                 if kept is None or kept.version != t.version:  # the same version: this scheduler's own write
                     self._drop(t.id)
-                    self._keep(t.id, _queued(t, projects[t.project_id]))
+                    self._keep(t.id, _queued(t, projects[t.project_id], self._args))
             elif t.state in LIVE:
                 row = self.live.get(t.id)
                 if row is None or row.version != t.version:
@@ -111,13 +123,22 @@ class WorkloadView:
         takes them; kept as written. Rows of this cycle (`rows`) are the caller's to write."""
         notes: list[dict[str, Any]] = []
         queued = EventCode.QUEUED.value
+        same: dict[tuple[int, int], tuple[Args, Args, bool]] = {}
+        """(id of kept arguments, id of the decision's) -> both (held: their ids stay theirs) and whether equal.
+        A class's workloads share both, so 100,000 comparisons are a few hundred."""
+        if len(self._args) > 4 * len(self.queued) + 1024:
+            self._args = {args: args for args in (q.args for q in self.queued.values())}
         for pend in decision.pending:
             kept = self._by_core.get(pend.workload)
             # The steady case, 100,000 times a cycle: the same reason as last time, compared without building one.
             if kept is None:
                 continue
             if kept.code == pend.code.value and kept.detail == pend.message and not (pend.nominated or kept.nominated):
-                continue
+                pair = same.get((id(kept.args), id(pend.args)))
+                if pair is None or pair[0] is not kept.args or pair[1] is not pend.args:
+                    pair = same[(id(kept.args), id(pend.args))] = (kept.args, pend.args, kept.args == pend.args)
+                if pair[2]:
+                    continue
             wid = row_id(pend.workload)
             if wid in rows:
                 continue
@@ -125,14 +146,16 @@ class WorkloadView:
             if nominated != kept.nominated:
                 kept.workload = replace(kept.workload, nominated_nodes=tuple(nominated))
                 self._order = None
-            # As lifecycle.waiting records it on a row: the scheduler's code (a PendingReason), its sentence.
+            # As lifecycle.waiting records it on a row: the scheduler's code (a PendingReason), its sentence and
+            # its arguments.
             code = PendingReason(pend.code.value).value
-            if kept.code == code and kept.detail == pend.message and nominated == kept.nominated:
+            args = self._args.setdefault(pend.args, pend.args)
+            if kept.code == code and kept.detail == pend.message and kept.args == args and nominated == kept.nominated:
                 continue
-            kept.code, kept.detail, kept.nominated = code, pend.message, nominated
+            kept.code, kept.detail, kept.args, kept.nominated = code, pend.message, args, nominated
             notes.append({
                 "wid": wid, "seen": kept.version, "reason_event": queued, "reason_code": code,
-                "reason_args": {"detail": pend.message}, "nominated": nominated,
+                "reason_args": waiting_args(pend.message, args), "nominated": nominated,
             })  # fmt: skip
         return notes
 
@@ -143,7 +166,7 @@ class WorkloadView:
             if row.state in LIVE:
                 self.live[row.id] = row
             elif row.state in QUEUED and not row.hold:
-                self._keep(row.id, _queued(row, self._projects[row.project_id]))
+                self._keep(row.id, _queued(row, self._projects[row.project_id], self._args))
 
     def forget(self, ids: Iterable[int]) -> None:
         """Rows someone else wrote while this cycle changed them: read them again next time."""

@@ -3,7 +3,7 @@ illegal one raises: it is a bug in the caller), changes the row, and returns the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpupool.lifecycle.events import EventCode
@@ -86,15 +86,25 @@ def submitted(row: WorkloadRow, by: str, now: float) -> EventRow:
     return event
 
 
-def waiting(row: WorkloadRow, reason: PendingReason | str, detail: str) -> bool:
-    """Records why a queued workload still waits (no event: it is said again every cycle). Whether it changed."""
+def waiting(
+    row: WorkloadRow, reason: PendingReason | str, detail: str, args: Iterable[tuple[str, int | str]] = ()
+) -> bool:
+    """Records why a queued workload still waits (no event: it is said again every cycle): the scheduler's code,
+    its sentence (`detail`) and the numbers behind it (`args`, the core's, by name beside `detail`). Whether it
+    changed."""
     if phase(row) not in QUEUED:
         raise IllegalTransition(f"workload {row.id} is {row.state}: only a queued workload waits")
     code = PendingReason(reason).value
-    if row.reason_event == EventCode.QUEUED and row.reason_code == code and row.reason_args == {"detail": detail}:
+    stored = waiting_args(detail, args)
+    if row.reason_event == EventCode.QUEUED and row.reason_code == code and row.reason_args == stored:
         return False
-    row.reason_event, row.reason_code, row.reason_args = EventCode.QUEUED.value, code, {"detail": detail}
+    row.reason_event, row.reason_code, row.reason_args = EventCode.QUEUED.value, code, stored
     return True
+
+
+def waiting_args(detail: str, args: Iterable[tuple[str, int | str]]) -> dict[str, Any]:
+    """A waiting row's reason_args: the sentence as `detail`, then the scheduler's arguments in its order."""
+    return {"detail": detail, **dict(args)}
 
 
 def placed(row: WorkloadRow, nodes: Sequence[str], now: float) -> EventRow:
