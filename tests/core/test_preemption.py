@@ -33,7 +33,7 @@ def test_high_priority_does_not_preempt_within_quota_work_of_another_project() -
     run.settle()
     assert run.running() == {"b0", "serve"}
     assert run.evicted() == []
-    assert run.reason("train") == "no-node-fits"
+    assert run.reason("train") == "over-deserved"
 
 
 def test_victim_set_is_minimal_on_one_node() -> None:

@@ -171,6 +171,31 @@ class _Walk:
         return any(_within(session, chain[:1], p, nominal, session.fair) for p in _pools(session, ws))
 
 
+def mixed_rules(
+    session: Session, ws: WorkloadState, own: dict[int, int]
+) -> tuple[list[int], Callable[[WorkloadState], bool], Callable[[], bool], str] | None:
+    """For a victim set that mixes a preemptor's own lower-priority work (`own`: pool -> what it holds) with
+    other projects' borrowed work (see `preempt`): the victim queues, victim test and final check of a reclaim
+    under the usual rules, in the pools where the workload would take its project past its fair share (else
+    reclaim alone serves) and its own victims could bring it back within (the final check asks that), and the
+    message its victims get. None where there are none."""
+    state = session.state
+    nominal = ws.w.request.nominal_milli() * ws.w.gang_size
+    chain = state.tree.chain[ws.queue]
+    used, fair = state.used[ws.queue], session.fair[ws.queue]
+    pools = {
+        p: _within(session, chain[:1], p, nominal, session.deserved)
+        for p in _pools(session, ws)
+        if used[p] + nominal > fair[p] >= used[p] + nominal - own.get(p, 0)
+    }
+    if not nominal or not pools:
+        return None
+    queues, eligible, valid = _rules(session, ws, pools, nominal, frozenset(), set())
+    if not queues:
+        return None
+    return queues, eligible, valid, f"reclaimed for a workload of project {ws.w.project}, which is below its fair share"
+
+
 def _retryable(session: Session, ws: WorkloadState) -> bool:
     reason = session.pending.get(ws.idx)
     return reason is None or reason.code in RETRYABLE

@@ -40,7 +40,7 @@ def work_lost(v: WorkloadState, now: float) -> int:
     return int(v.milli * max(0.0, now - since))
 
 
-def _started(v: WorkloadState, now: float) -> float:
+def started(v: WorkloadState, now: float) -> float:
     return now if v.w.start_time is None else v.w.start_time
 
 
@@ -50,7 +50,7 @@ def set_key(victims: list[WorkloadState], now: float) -> SetKey:
         max((v.w.priority for v in victims), default=-(1 << 30)),
         len(victims),
         sum(work_lost(v, now) for v in victims),
-        tuple(-s for s in sorted(_started(v, now) for v in victims)),
+        tuple(-s for s in sorted(started(v, now) for v in victims)),
     )
 
 
@@ -254,7 +254,7 @@ class _Search:
 
     def _within(self, pool: list[WorkloadState]) -> None:
         """Every set of `pool` up to the size of the best set so far (within the steps left)."""
-        order = sorted(pool, key=lambda v: (self.lost[v.idx], -_started(v, self.now), v.w.id))
+        order = sorted(pool, key=lambda v: (self.lost[v.idx], -started(v, self.now), v.w.id))
         frees = [self.model.frees(v) for v in order]
         # The most any r of them could free, per resource: rules out sets too small to make room.
         most = [[0, *accumulate(sorted((f[r] for f in frees), reverse=True))] for r in range(len(self.need))]

@@ -13,6 +13,7 @@ only if what stays on it once the victims leave is all of its own project.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,11 +24,12 @@ from gpupool.core import quota
 from gpupool.core.decision import Eviction, EvictReason
 from gpupool.core.model import DeviceShare, Placement, Request, State
 from gpupool.core.placement.index import IntArray
-from gpupool.core.preemption.victim_sets import SetKey, set_key, victims_on
+from gpupool.core.preemption.victim_sets import SetKey, set_key, started, victims_on
 from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkingState, WorkloadState
 
 Eligible = Callable[[WorkloadState], bool]
+Labels = Callable[[WorkloadState], tuple[EvictReason, str]]
 NodeKey = tuple[SetKey, bool, int]
 """A victim set on a node: `victim_sets.set_key`; among equal sets a gang's own nodes, then the first node."""
 
@@ -49,36 +51,56 @@ def place_with_evictions(
     valid: Callable[[], bool],
     reason: EvictReason,
     message: str,
+    labels: Labels | None = None,
+    prepare: Callable[[int], bool] | None = None,
 ) -> int | None:
     """Evict and pipeline `ws` if some victim set lets it start; returns how many were evicted.
 
     Victims come from `victim_queues` only (and must pass `eligible`), so only the nodes hosting their
-    work are searched.
+    work are searched. `labels` names each victim's reason and message where they differ (a set mixing
+    preemption and reclaim). With `prepare`, each pool is tried on its own, after `prepare(pool)` has made
+    room there first (under a limit, say); it returns False where it cannot.
     """
     state = session.state
     hosts = session.hosts(victim_queues)  # may be empty: capacity already releasing can still take it
     for group in session.placer.pools_of(ws):
-        rows = session.placer.rows(group, lambda p: True)
-        if rows is None:
-            continue
-        checkpoint = state.checkpoint()
-        evicted_before = len(state.evictions)
-
-        def accepted() -> bool:
-            return quota.check(state, ws.queue, ws.pool_idx, 0, ws.w.preemptible) is None and valid()
-
-        hosting = np.intersect1d(rows, hosts, assume_unique=True)
-        search = Search(rows, hosting, eligible, reason, message, accepted if ws.w.gang_size == 1 else None)
-        placements = _place_members(session, ws, search)
-        if placements is not None:
-            state.place(ws, placements, pipelined=True)
-            evicted = len(state.evictions) - evicted_before
-            # Without evictions of its own it fits in capacity that earlier evictions of this cycle release
-            # (allocate found no room before them): it is nominated there, as if it had evicted.
-            if accepted():
-                return evicted
-        state.rollback(checkpoint)
+        for only in [None] if prepare is None else [p for p, _ in group]:
+            rows = session.placer.rows(group, _in_pool(only))
+            if rows is None:
+                continue
+            checkpoint = state.checkpoint()
+            evicted_before = len(state.evictions)
+            if only is not None and prepare is not None and not prepare(only):
+                state.rollback(checkpoint)
+                continue
+            hosting = np.intersect1d(rows, hosts, assume_unique=True)
+            search = Search(rows, hosting, eligible, reason, message, labels=labels)
+            if _attempt(session, ws, search, valid):
+                return len(state.evictions) - evicted_before
+            state.rollback(checkpoint)
     return None
+
+
+def _in_pool(only: int | None) -> Callable[[int], bool]:
+    return lambda p: only is None or p == only
+
+
+def _attempt(session: Session, ws: WorkloadState, search: Search, valid: Callable[[], bool]) -> bool:
+    """Place `ws` with the search's victims, pipelined, if the result passes its quotas and `valid`."""
+    state = session.state
+
+    def accepted() -> bool:
+        return quota.check(state, ws.queue, ws.pool_idx, 0, ws.w.preemptible) is None and valid()
+
+    if ws.w.gang_size == 1:
+        search = dataclasses.replace(search, accept=accepted)
+    placements = _place_members(session, ws, search)
+    if placements is None:
+        return False
+    state.place(ws, placements, pipelined=True)
+    # Without evictions of its own it fits in capacity that earlier evictions of this cycle release
+    # (allocate found no room before them): it is nominated there, as if it had evicted.
+    return accepted()
 
 
 @dataclass(frozen=True)
@@ -95,6 +117,12 @@ class Search:
     it would refuse (a department growing past its share, say) gives way to the next cheapest."""
     preemptor: str | None = None
     """Whom the evictions are for, when not the workload being placed (one moved to make room for it)."""
+    labels: Labels | None = None
+    """A victim's reason and message, where they are not `reason` and `message` for all."""
+
+    def eviction(self, v: WorkloadState, ws: WorkloadState) -> Eviction:
+        reason, message = (self.reason, self.message) if self.labels is None else self.labels(v)
+        return Eviction(v.w.id, reason, message, preemptor=self.preemptor or ws.w.id)
 
 
 def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple[Placement, ...] | None:
@@ -182,11 +210,21 @@ def _evict_for(
     state = session.state
     req, models = ws.w.request, frozenset(ws.w.gpu_models)
     eligible = search.eligible
-    options: list[tuple[NodeKey, NodeState, list[WorkloadState]]] = []
+    # Nodes are searched in the order of their first preemptible workload (lowest priority, then most recently
+    # started), so that the bounded search sees the sets the rule prefers wherever they run, not those of the
+    # first nodes. Whether it is a victim is left to the search: asking costs more than the search saves.
+    nodes: list[tuple[tuple[int, float, int], NodeState]] = []
     for i in visit_window(session, ws, search.hosts):
         node = state.nodes[i]
-        if not node.schedulable:
-            continue
+        if node.schedulable:
+            first = _first_preemptible(state, node)
+            if first is not None:
+                nodes.append(((first.w.priority, -started(first, state.now), i), node))
+    nodes.sort(key=lambda n: n[0])
+    options: list[tuple[NodeKey, NodeState, list[WorkloadState], list[WorkloadState]]] = []
+    for _, node in nodes:
+        if len(options) >= session.config.victim_search_nodes:
+            break  # bounded search: cheap sets turn up on the nodes of the cheapest first victims in practice
         candidates = _candidates(state, node, eligible)
         if not candidates or not _may_free_enough(node, candidates, req):
             continue
@@ -194,23 +232,47 @@ def _evict_for(
         if chosen is None:
             continue
         # The same rule as on one node; at a tie, a gang's members keep to the nodes it already uses.
-        options.append(((set_key(chosen, state.now), node.idx not in used_nodes, node.idx), node, chosen))
-        if len(options) >= session.config.victim_search_nodes:
-            break  # bounded search: cheap sets turn up on the first candidate nodes in practice
+        options.append(((set_key(chosen, state.now), node.idx not in used_nodes, node.idx), node, chosen, candidates))
     options.sort(key=lambda o: o[0])
-    for _, node, chosen in options[skip:]:
+    for _, node, chosen, candidates in options[skip:]:
         checkpoint = state.checkpoint()
-        for v in chosen:
-            if v.state is not State.RUNNING or not eligible(v):
-                break  # an earlier victim (its project's floor, a gang already taken) rules this one out now
-            state.evict(v, Eviction(v.w.id, search.reason, search.message, preemptor=search.preemptor or ws.w.id))
-        else:
+        if not _evict_all(state, ws, search, chosen):
+            # An earlier victim (its project's floor, a gang already taken) rules a later one out: the set
+            # victims_on found, blind to quotas, breaks a rule. Take them one by one in order instead, each
+            # while it is still eligible, until the member fits.
+            state.rollback(checkpoint)
+            chosen = _one_by_one(session, ws, search, node, candidates)
+        if chosen:
             found = fits_on(session, node, ws)
             if found is not None and (search.accept is None or _accepts(session, ws, node, found[0], search.accept)):
                 victims.extend(chosen)
                 return node
         state.rollback(checkpoint)
     return None
+
+
+def _evict_all(state: WorkingState, ws: WorkloadState, search: Search, chosen: list[WorkloadState]) -> bool:
+    for v in chosen:
+        if v.state is not State.RUNNING or not search.eligible(v):
+            return False
+        state.evict(v, search.eviction(v, ws))
+    return True
+
+
+def _one_by_one(
+    session: Session, ws: WorkloadState, search: Search, node: NodeState, candidates: list[WorkloadState]
+) -> list[WorkloadState]:
+    """Candidates in victim order, each evicted if still eligible, until the member fits; empty if it never
+    does (what was evicted stays for the caller to roll back)."""
+    chosen: list[WorkloadState] = []
+    for v in candidates:
+        if v.state is not State.RUNNING or not search.eligible(v):
+            continue
+        session.state.evict(v, search.eviction(v, ws))
+        chosen.append(v)
+        if fits_on(session, node, ws) is not None:
+            return chosen
+    return []
 
 
 def visit_window(session: Session, ws: WorkloadState, rows: IntArray) -> list[int]:
@@ -259,6 +321,14 @@ def fits_on(session: Session, node: NodeState, ws: WorkloadState) -> tuple[tuple
     if not node.could_host(req, True):
         return None
     return session.placer.policy.evaluate(node, req, True, frozenset(ws.w.gpu_models), ws.queue)
+
+
+def _first_preemptible(state: WorkingState, node: NodeState) -> WorkloadState | None:
+    for idx in node.ranked_residents(lambda i: victim_key(state.workloads[i])):
+        v = state.workloads[idx]
+        if v.state is State.RUNNING and not v.bound and v.w.preemptible:
+            return v
+    return None
 
 
 def _candidates(state: WorkingState, node: NodeState, eligible: Eligible) -> list[WorkloadState]:
