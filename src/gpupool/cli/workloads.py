@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,8 +14,8 @@ from pydantic import ValidationError
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table
 from gpupool.client import Client
-from gpupool.lifecycle.phases import Phase
-from gpupool.models.schemas import WorkloadCreate, WorkloadDetail
+from gpupool.lifecycle.phases import QUEUED, Phase
+from gpupool.models.schemas import WorkloadCreate, WorkloadDetail, WorkloadPublic
 
 ProjectOpt = Annotated[str | None, typer.Option("-p", "--project", help="The project (default: your only one).")]
 
@@ -127,24 +128,39 @@ def list_(
     if output is Output.json:
         emit_json(rows)
         return
+    print_list(rows)
+
+
+def print_list(rows: Sequence[WorkloadPublic]) -> None:
+    """The table `list` prints: a queued workload's REASON is its blocker in a few words, a live one's its node."""
     print_table(
         None,
-        ("NAME", "PROJECT", "TYPE", "PRIORITY", "STATE", "GPUS", "NODE/DEVICES", "AGE"),
+        ("NAME", "PROJECT", "TYPE", "PRIORITY", "STATE", "GPUS", "NODE/DEVICES", "REASON", "AGE"),
         (
             (w.name, w.project, w.type, w.priority, w.state, w.gpu_request,
-             f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-", _age(w.created_at))
+             f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-",
+             w.reason_short if w.state in QUEUED else "-", _age(w.created_at))
             for w in rows
         ),
     )  # fmt: skip
 
 
-def _describe_text(d: WorkloadDetail) -> None:
+def describe_text(d: WorkloadDetail) -> None:
+    """What `describe` prints."""
     fmt = "%Y-%m-%d %H:%M:%S"
     print(f"Name:        {d.name}  (id {d.id})")
     print(f"Project:     {d.project}")
     print(f"Type:        {d.type}, priority {d.priority}, {'preemptible' if d.preemptible else 'not preemptible'}")
     print(f"State:       {d.state}" + (f" (attempt {d.attempt + 1})" if d.attempt else ""))
     print(f"Reason:      {d.reason}" + (f" [{d.reason_code}]" if d.reason_code else ""))
+    if d.reason_args:
+        print(f"Numbers:     {' '.join(f'{k}={v}' for k, v in d.reason_args.items())}")
+    if d.position is not None:
+        pools = ", ".join(d.position.pools) if d.position.pools else "any pool"
+        print(
+            f"Position:    {d.position.project} of {d.position.project_queued} in project {d.project}'s queue, "
+            f"{d.position.pool} of {d.position.pool_queued} queued for {pools} (by priority, then submit time)"
+        )
     print(f"GPUs:        {d.gpu_request}" + (f" (fraction {d.fraction})" if d.fraction else ""))
     for a in d.allocations:
         devs = ", ".join(f"{x.index} ({x.milli / 1000:g})" for x in a.devices) or "none"
@@ -182,7 +198,7 @@ def describe(name: str, project: ProjectOpt = None, output: Output = OutputOpt) 
     """Everything about one workload, including why it is pending."""
     with client() as c:
         d = c.describe(name, project)
-    emit_json(d) if output is Output.json else _describe_text(d)
+    emit_json(d) if output is Output.json else describe_text(d)
 
 
 def logs(

@@ -222,6 +222,11 @@ class WorkloadPublic(Reply):
     reason_event: str = "queued"
     """The lifecycle's EventCode of its last step ("queued": waiting, reason_code is the PendingReason)."""
     reason_code: str | None
+    reason_args: dict[str, int | str] = Field(default_factory=dict)
+    """The numbers behind a scheduler reason, by name, in integer units (milli-GPU, millicores, MiB, seconds since
+    the epoch): gpupool.core.decision.Pending.args lists them per code. Empty for any other reason."""
+    reason_short: str = ""
+    """A few words of `reason` for a list."""
     node: str | None
     devices: list[int]
     gpu_request: str
@@ -236,6 +241,19 @@ class WorkloadPublic(Reply):
     created_at: float
     started_at: float | None
     finished_at: float | None
+
+
+class QueuePosition(Reply):
+    """Where a queued workload stands, by priority then submit time (1 is next), counted when asked."""
+
+    project: int
+    """In its project's queue."""
+    project_queued: int
+    pools: list[str]
+    """The pools it may use; empty for any."""
+    pool: int
+    """Among the queued work, of every project, that may use one of those pools."""
+    pool_queued: int
 
 
 class WorkloadDetail(WorkloadPublic):
@@ -257,6 +275,8 @@ class WorkloadDetail(WorkloadPublic):
     """The policy that applies to it: suspended (notebooks) or stopped after this long idle."""
     max_runtime_s: float | None = None
     idle_threshold_pct: int | None = None
+    position: QueuePosition | None = None
+    """Queued workloads only."""
 
 
 class Page(Reply, Generic[T]):

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sqlalchemy.orm import object_session
+
 from gpupool.control.policies import Policy
 from gpupool.core import MILLI
 from gpupool.lifecycle.events import render
 from gpupool.lifecycle.phases import LIVE, STARTED, TERMINAL, AllocPhase
-from gpupool.models.schemas import AllocationPublic, DevicePublic, EventPublic, WorkloadDetail, WorkloadPublic
+from gpupool.models.schemas import (
+    AllocationPublic,
+    DevicePublic,
+    EventPublic,
+    QueuePosition,
+    WorkloadDetail,
+    WorkloadPublic,
+)
+from gpupool.services import reasons
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
 
 
@@ -30,6 +40,11 @@ def live(row: WorkloadRow) -> list[AllocationRow]:
 
 def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
     allocs = live(row)
+    args, detail = reasons.of_row(row)
+    if detail is not None:
+        reason, short = reasons.sentence(row.reason_code, args, detail), reasons.short(row.reason_code, args)
+    else:
+        reason = short = render(row.reason_event, row.reason_code, row.reason_args)
     return WorkloadPublic(
         id=row.id,
         name=row.name,
@@ -38,9 +53,11 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
         priority=row.priority_class,
         preemptible=row.preemptible,
         state=row.state,
-        reason=render(row.reason_event, row.reason_code, row.reason_args),
+        reason=reason,
         reason_event=row.reason_event,
         reason_code=row.reason_code,
+        reason_args=args,
+        reason_short=short,
         node=allocs[0].node if allocs else None,
         devices=sorted({int(d["index"]) for a in allocs for d in a.devices}),
         gpu_request=gpu_request(row),
@@ -111,4 +128,11 @@ def workload_detail(
         idle_timeout_s=policy.idle_timeout_s.get(row.type),
         max_runtime_s=policy.max_runtime_s.get(row.type),
         idle_threshold_pct=policy.idle_threshold_pct,
+        position=_position(row),
     )
+
+
+def _position(row: WorkloadRow) -> QueuePosition | None:
+    """Counted in the session that read the row, for a queued one."""
+    session = object_session(row)
+    return None if session is None else reasons.position(session, row)

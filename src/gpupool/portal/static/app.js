@@ -166,18 +166,35 @@ async function refreshList() {
   const page = await api("/api/v1/workloads?limit=200");
   tbody.replaceChildren(...page.items.map((w) => {
     const tr = el(`<tr data-name="${esc(w.name)}"><td>${esc(w.name)}</td><td>${esc(w.project)}</td><td>${esc(w.type)}</td>
-      <td><span class="state ${esc(w.state)}">${esc(w.state)}</span><div class="reason">${esc(w.reason)}</div></td>
+      <td><span class="state ${esc(w.state)}">${esc(w.state)}</span><div class="reason" title="${esc(w.reason)}">${esc(QUEUED.includes(w.state) ? w.reason_short || w.reason : w.reason)}</div></td>
       <td>${esc(w.gpu_request)}${w.node ? `<div class="reason">${esc(w.node)}: ${w.devices.join(",")}</div>` : ""}</td>
       <td>${w.gpu_util_pct === null ? "–" : `<span class="bar"><i style="width:${Number(w.gpu_util_pct)}%"></i></span> ${Number(w.gpu_util_pct)}%`}</td>
       <td>${age(w.created_at)}</td><td class="actions"></td></tr>`);
     const actions = tr.querySelector(".actions");
     const add = (label, cls, fn) => { const b = el(`<button class="${cls}">${label}</button>`); b.onclick = fn; actions.append(b, " "); };
     if ((w.type === "notebook" || w.type === "inference") && w.state === "running") add("Open", "", () => openWorkload(w));
+    if (QUEUED.includes(w.state)) add("Why", "secondary", () => showWhy(w));
     add("Logs", "secondary", () => showLogs(w));
     if (w.state === "suspended") add("Resume", "", () => act(w, "resume"));
     if (!["succeeded", "failed", "cancelled"].includes(w.state)) add("Cancel", "danger", () => act(w, "cancel"));
     return tr;
   }));
+}
+
+const QUEUED = ["pending", "preempted", "suspended"];
+
+// Why a queued workload waits: the server's sentence (rendered from the scheduler's code and numbers), the numbers
+// themselves, and where it stands in its project's queue and in its pools' (counted when asked).
+async function showWhy(w) {
+  const d = await api(ref(w));
+  const box = document.getElementById("detail");
+  const numbers = Object.entries(d.reason_args || {}).map(([k, v]) => `${esc(k)}=${esc(String(v))}`).join(" ");
+  const p = d.position;
+  const where = p ? `${p.project} of ${p.project_queued} in project ${esc(d.project)}'s queue, ${p.pool} of ${p.pool_queued} queued for ${p.pools.length ? esc(p.pools.join(", ")) : "any pool"}` : "";
+  box.replaceChildren(el(`<section id="why"><h3>Why ${esc(d.name)} waits</h3>
+    <p class="why-reason">${esc(d.reason)}${d.reason_code ? ` <code>${esc(d.reason_code)}</code>` : ""}</p>
+    ${numbers ? `<p class="reason why-numbers">${numbers}</p>` : ""}
+    ${where ? `<p class="why-position">Position: ${where} (by priority, then submit time)</p>` : ""}</section>`));
 }
 
 const ref = (w) => `/api/v1/workloads/${encodeURIComponent(w.name)}?project=${encodeURIComponent(w.project)}`;

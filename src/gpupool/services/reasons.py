@@ -1,0 +1,290 @@
+"""Why a queued workload waits, in words: the one place a scheduler reason (a PendingReason and the core's
+arguments, `gpupool.core.decision.Pending.args`) becomes a sentence, for the API, the CLI and the portal.
+
+Arguments come in the core's integer units (milli-GPU, millicores, MiB, whole seconds since the epoch) and are
+shown as GPUs, CPUs and GiB. A row whose arguments are missing or incomplete (written before they existed) shows
+the sentence the core gave (`detail`). Its position in its project's queue and among the work that can use its
+pools is counted here per request: it moves whenever anything ahead of it starts, so it is never stored."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy import String, and_, cast, func, or_, select, true
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
+
+from gpupool.lifecycle.events import EventCode
+from gpupool.lifecycle.phases import QUEUED, PendingReason
+from gpupool.models.schemas import QueuePosition
+from gpupool.store.tables import WorkloadRow
+
+Args = Mapping[str, Any]
+
+UNITS = {"gpu": "GPUs", "cpu": "CPUs", "memory": "GiB of memory"}
+
+
+def number(value: int, per: int) -> str:
+    """An integer count of 1/per units as a short decimal: 6000/1000 -> '6', 250/1000 -> '0.25'."""
+    return f"{value / per:.2f}".rstrip("0").rstrip(".")
+
+
+def gpus(milli: int) -> str:
+    return number(milli, 1000)
+
+
+def gib(mib: int) -> str:
+    return number(mib, 1024)
+
+
+def _amount(resource: str, value: int) -> str:
+    return gib(value) if resource == "memory" else gpus(value)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def request(a: Args) -> str:
+    """What one member asks for, from the request arguments (`gpus`, `gpu_milli`, `gpu_memory_mib`, `cpu_milli`,
+    `memory_mib`)."""
+    if a.get("gpus"):
+        gpu = f"{_plural(int(a['gpus']), 'free GPU')}"
+    elif a.get("gpu_milli"):
+        gpu = f"a device with {gpus(int(a['gpu_milli']))} of a GPU free"
+    elif a.get("gpu_memory_mib"):
+        gpu = f"a device with {gib(int(a['gpu_memory_mib']))} GiB of GPU memory free"
+    else:
+        gpu = "room"
+    host = [f"{gpus(int(a['cpu_milli']))} CPUs"] if a.get("cpu_milli") else []
+    host += [f"{gib(int(a['memory_mib']))} GiB of memory"] if a.get("memory_mib") else []
+    return gpu + "".join(f" and {h}" for h in host)
+
+
+def lacks(a: Args) -> str:
+    parts = []
+    if a.get("lacks_gpus"):
+        parts.append(_plural(int(a["lacks_gpus"]), "free GPU"))
+    if a.get("lacks_gpu_milli"):
+        parts.append(f"{gpus(int(a['lacks_gpu_milli']))} of a GPU")
+    if a.get("lacks_gpu_memory_mib"):
+        parts.append(f"{gib(int(a['lacks_gpu_memory_mib']))} GiB of GPU memory")
+    if a.get("lacks_cpu_milli"):
+        parts.append(f"{gpus(int(a['lacks_cpu_milli']))} CPUs")
+    if a.get("lacks_memory_mib"):
+        parts.append(f"{gib(int(a['lacks_memory_mib']))} GiB of memory")
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
+def _quota(a: Args) -> tuple[str, str, str, str, str]:
+    """Who, where, and the numbers of a quota reason: '<level> <queue>', pool, 'uses U of Q <unit>', 'asks A',
+    'N over'."""
+    resource = str(a["resource"])
+    used, quota, asks = int(a["used"]), int(a["quota"]), int(a["asks"])
+    bound = max(quota, int(a.get("fair", quota)))
+    return (
+        f"{a['level']} {a['queue']}",
+        str(a["pool"]),
+        f"uses {_amount(resource, used)} of {_amount(resource, quota)} {UNITS[resource]}",
+        f"asks {_amount(resource, asks)}",
+        f"{_amount(resource, used + asks - bound)} over",
+    )
+
+
+def _over_limit(a: Args) -> str:
+    who, pool, uses, asks, over = _quota(a)
+    return f"would put {who} over its limit in pool {pool}: {uses}, {asks} ({over})"
+
+
+def _nonpreemptible(a: Args) -> str:
+    who, pool, uses, asks, over = _quota(a)
+    return (
+        f"not preemptible, so it must fit in the deserved quota of {who} in pool {pool}: "
+        f"non-preemptible work {uses}, {asks} ({over})"
+    )
+
+
+def _over_deserved(a: Args) -> str:
+    who, pool, _, asks, _ = _quota(a)
+    resource = str(a["resource"])
+    used, deserved = _amount(resource, int(a["used"])), _amount(resource, int(a["quota"]))
+    fair = f" (fair share {gpus(int(a['fair']))})" if int(a.get("fair", a["quota"])) != int(a["quota"]) else ""
+    return (
+        f"would take {who} past its deserved quota in pool {pool}: uses {used} {UNITS[resource]}, deserves "
+        f"{deserved}{fair}, {asks}; beyond it, preemptible work only borrows idle GPUs, and none are idle for it"
+    )
+
+
+def _closest(a: Args, what: str) -> str:
+    """Where the core named the node closest to hosting one member, and what that node lacks."""
+    return f"; the closest {what}, {a['node']}, lacks {lacks(a)}" if a.get("node") and lacks(a) else ""
+
+
+def _no_node_fits(a: Args) -> str:
+    return f"no node has {request(a)} now" + _closest(a, "node")
+
+
+def _gang(a: Args) -> str:
+    fits = f": {a['fits']} of them fit now" if "fits" in a else ""
+    return f"gang of {a['members']} members, each needing {request(a)}, cannot be placed whole{fits}" + _closest(
+        a, "node for one more member"
+    )
+
+
+def _never_fits(a: Args) -> str:
+    members = int(a.get("members", 1))
+    what = f"{members} members with {request(a)} each" if members > 1 else request(a)
+    return f"no node could host {what}, even empty"
+
+
+def _unshared(a: Args) -> str:
+    return (
+        f"it fits only on devices that other projects' shares hold, and pool {a['pool']} does not share a device "
+        f"across projects"
+    )
+
+
+def _evictions(a: Args) -> str:
+    victims = int(a["victims"])
+    borrowers = str(a.get("borrowers") or "")
+    of = f" of project{'s' if ',' in borrowers else ''} {borrowers.replace(',', ', ')}" if borrowers else ""
+    nodes = str(a.get("nodes") or "").replace(",", ", ")
+    return f"waiting for {_plural(victims, 'evicted workload')}{of} to release {gpus(int(a['gpu_milli']))} GPUs" + (
+        f"; it will start on {nodes}" if nodes else ""
+    )
+
+
+def when(seconds: int) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _min_runtime(a: Args) -> str:
+    return (
+        f"waiting for {a['victim']} of project {a['project']} to pass its minimum runtime at {when(int(a['until']))}; "
+        f"then its {gpus(int(a['gpu_milli']))} GPUs may be taken"
+    )
+
+
+def _behind(a: Args) -> str:
+    ahead = f"queued behind {_plural(int(a['ahead']), 'higher-priority workload')} of project {a['project']}"
+    blocker = str(a.get("blocker", ""))
+    then = _SENTENCES.get(blocker)
+    return ahead if then is None else f"{ahead}; {then(a)}"
+
+
+_SENTENCES: dict[str, Callable[[Args], str]] = {
+    PendingReason.OVER_LIMIT: _over_limit,
+    PendingReason.NONPREEMPTIBLE_OVER_DESERVED: _nonpreemptible,
+    PendingReason.OVER_DESERVED: _over_deserved,
+    PendingReason.NO_NODE_FITS: _no_node_fits,
+    PendingReason.GANG_UNPLACEABLE: _gang,
+    PendingReason.NEVER_FITS: _never_fits,
+    PendingReason.NO_SHAREABLE_DEVICE: _unshared,
+    PendingReason.WAITING_FOR_EVICTIONS: _evictions,
+    PendingReason.MIN_RUNTIME: _min_runtime,
+    PendingReason.QUEUED_BEHIND: _behind,
+}
+
+
+def sentence(code: str | None, args: Args, detail: str | None = None) -> str:
+    """The sentence for a scheduler reason; `detail` (the core's own) where the arguments do not say enough."""
+    render = _SENTENCES.get(code or "")
+    if render is not None and args:
+        try:
+            return render(args)
+        except (KeyError, ValueError, TypeError):
+            pass  # arguments from before a field existed, or not the scheduler's: its own sentence says it
+    if detail:
+        return detail
+    return "waiting for the scheduler" if code in (None, PendingReason.WAITING) else str(code)
+
+
+def _short_quota(a: Args, what: str) -> str:
+    resource = str(a["resource"])
+    return (
+        f"{what}: {a['queue']} {_amount(resource, int(a['used']))}+{_amount(resource, int(a['asks']))}"
+        f"/{_amount(resource, int(a['quota']))} {UNITS[resource].split()[0]} in {a['pool']}"
+    )
+
+
+_SHORT: dict[str, Callable[[Args], str]] = {
+    PendingReason.OVER_LIMIT: lambda a: _short_quota(a, "over limit"),
+    PendingReason.NONPREEMPTIBLE_OVER_DESERVED: lambda a: _short_quota(a, "over deserved (not preemptible)"),
+    PendingReason.OVER_DESERVED: lambda a: _short_quota(a, "over deserved"),
+    PendingReason.NO_NODE_FITS: lambda a: "no node fits" + (f" (closest {a['node']})" if a.get("node") else ""),
+    PendingReason.GANG_UNPLACEABLE: lambda a: (
+        f"gang of {a['members']} does not fit whole" + (f" ({a['fits']} fit)" if "fits" in a else "")
+    ),
+    PendingReason.NEVER_FITS: lambda a: "never fits",
+    PendingReason.NO_SHAREABLE_DEVICE: lambda a: f"no shareable device in {a['pool']}",
+    PendingReason.WAITING_FOR_EVICTIONS: lambda a: f"waiting for {_plural(int(a['victims']), 'eviction')}",
+    PendingReason.MIN_RUNTIME: lambda a: f"min runtime of {a['victim']} until {when(int(a['until']))[11:16]} UTC",
+    PendingReason.QUEUED_BEHIND: lambda a: (
+        f"behind {a['ahead']}" + (f"; {_SHORT[str(a['blocker'])](a)}" if str(a.get("blocker")) in _SHORT else "")
+    ),
+}
+
+
+def short(code: str | None, args: Args) -> str:
+    """A few words for a list: the blocker and its key numbers."""
+    render = _SHORT.get(code or "")
+    if render is not None and args:
+        try:
+            return render(args)
+        except (KeyError, ValueError, TypeError):
+            pass
+    return "waiting for the scheduler" if code in (None, PendingReason.WAITING) else str(code).replace("-", " ")
+
+
+def of_row(row: WorkloadRow) -> tuple[dict[str, Any], str | None]:
+    """A queued row's scheduler arguments (without the sentence) and the core's sentence; ({}, None) for any
+    other row."""
+    stored = row.reason_args or {}
+    if row.reason_event != EventCode.QUEUED or "detail" not in stored:
+        return {}, None
+    return {k: v for k, v in stored.items() if k != "detail"}, str(stored["detail"])
+
+
+def position(session: Session, row: WorkloadRow) -> QueuePosition | None:
+    """Where a queued workload stands, by priority then submit time (the order within a project; between
+    projects the scheduler takes turns by fair share, so the pool's count is how much work of its priority or
+    higher came first): in its project's queue, and among the queued work that may use one of its pools. Two
+    counts over the queued rows."""
+    if row.state not in QUEUED or row.hold:
+        return None
+    queued = and_(WorkloadRow.state.in_(sorted(QUEUED)), WorkloadRow.hold.is_(False))
+    ahead = or_(
+        WorkloadRow.priority > row.priority,
+        and_(WorkloadRow.priority == row.priority, WorkloadRow.queued_at < row.queued_at),
+        and_(WorkloadRow.priority == row.priority, WorkloadRow.queued_at == row.queued_at, WorkloadRow.id < row.id),
+    )
+    pools = _sharing(list(row.pools or []))
+    counts = select(
+        func.count().filter(and_(WorkloadRow.project_id == row.project_id, ahead)),
+        func.count().filter(WorkloadRow.project_id == row.project_id),
+        func.count().filter(and_(pools, ahead)),
+        func.count().filter(pools),
+    ).where(queued)
+    in_project, project_total, in_pools, pools_total = session.execute(counts).one()
+    return QueuePosition(
+        project=int(in_project) + 1,
+        project_queued=int(project_total),
+        pools=sorted(row.pools or []),
+        pool=int(in_pools) + 1,
+        pool_queued=int(pools_total),
+    )
+
+
+def _sharing(pools: list[str]) -> ColumnElement[bool]:
+    """Rows that may use one of `pools` (any pool where it names none): those naming none, or one of them."""
+    if not pools:
+        return true()
+    text = cast(WorkloadRow.pools, String)
+    named = [text.like(f'%"{_escape(p)}"%', escape="\\") for p in pools]
+    return or_(text == "[]", *named)
+
+
+def _escape(pool: str) -> str:
+    return pool.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
