@@ -2,6 +2,7 @@
 
 from gpupool.core import Pending, PendingCode, schedule
 from tests.core.builders import Cluster, Run
+from tests.core.test_settling import _snapshot
 
 
 def reasons(run: Run) -> dict[str, PendingCode]:
@@ -152,3 +153,15 @@ def test_queued_behind_carries_the_blocker_and_its_numbers() -> None:
     p = pending(Run(c.snapshot()).settle(), "nb")
     assert p.args[:3] == (("ahead", 1), ("project", "a"), ("blocker", "over-deserved"))
     assert dict(p.args)["used"] == 1000
+
+
+def test_a_reasons_argument_names_are_unique_and_shared_reasons_stay_each_workloads_own() -> None:
+    # The store keeps the arguments as a mapping by name (beside the sentence), and allocate hands one reason to
+    # every workload of a class it does not try again: each pending entry must still name its own workload.
+    for seed in range(4):
+        d = schedule(_snapshot(seed))
+        assert d.pending
+        assert len({p.workload for p in d.pending}) == len(d.pending)
+        for p in d.pending:
+            names = [name for name, _ in p.args]
+            assert len(names) == len(set(names)), (p.code, p.args)
