@@ -4,8 +4,6 @@ lower-priority work with other projects' borrowed work."""
 
 import dataclasses
 
-import pytest
-
 from gpupool.core import MILLI, DeviceShare, Placement, State
 from tests.core.builders import Cluster, Run
 
@@ -64,7 +62,6 @@ def test_a_project_at_its_limit_never_evicts_equal_priority_work() -> None:
 # -- 2. a victim gang is weighed as a unit --------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="victim gangs are not yet weighed whole")
 def test_a_gang_reclaims_one_victim_gang_rather_than_a_single_on_each_node() -> None:
     # On each node the cheapest way to seat one member is b's 1-GPU job there; member by member that makes two
     # victims, where b's gang alone (one victim) frees both nodes.
@@ -79,7 +76,6 @@ def test_a_gang_reclaims_one_victim_gang_rather_than_a_single_on_each_node() -> 
     assert run.running() == {"dist", "s0", "s1"}
 
 
-@pytest.mark.xfail(strict=True, reason="victim gangs are not yet weighed whole")
 def test_a_gang_reclaims_a_victim_gang_beyond_the_nodes_of_cheaper_singles() -> None:
     # Eight nodes each offer one member a cheap 1-GPU victim; b's gang on the last two nodes is the one victim.
     c = Cluster().pool("h100", nodes=10, gpus=8).project("a", deserved=8).project("b", deserved=1)

@@ -148,9 +148,42 @@ def _place_members(session: Session, ws: WorkloadState, search: Search) -> tuple
         # and a gang's whole set holds its first: once that costs more than the best, none can do better.
         if best is not None and set_key(first, state.now) > best[0]:
             break
+    # Member by member, a victim gang shows up only where it is the cheapest set on one node, and once a
+    # member has taken a cheaper single its project may have no room left to lose the gang: each victim gang
+    # is also weighed whole, evicted first with the members then placed (and evicting more if they must).
+    whole: WorkloadState | None = None
+    for g in _victim_gangs(session, ws, search):
+        if best is not None and set_key([g], state.now) >= best[0]:
+            continue  # a set holding it costs no less
+        checkpoint = state.checkpoint()
+        victims = [g]
+        state.evict(g, search.eviction(g, ws))
+        placements = _place_with(session, ws, search, 0, victims)[0]
+        state.rollback(checkpoint)
+        if placements is not None and (best is None or set_key(victims, state.now) < best[0]):
+            best, whole = (set_key(victims, state.now), 0), g
     if best is None:
         return None
+    if whole is not None:
+        state.evict(whole, search.eviction(whole, ws))
     return _place_with(session, ws, search, best[1], [])[0]
+
+
+def _victim_gangs(session: Session, ws: WorkloadState, search: Search) -> list[WorkloadState]:
+    """The eligible gangs running on several of the search's nodes, cheapest first (at most
+    `victim_search_nodes`)."""
+    state, seen = session.state, set()
+    gangs: list[WorkloadState] = []
+    for i in visit_window(session, ws, search.hosts):
+        for idx in state.nodes[i].residents:
+            v = state.workloads[idx]
+            if idx in seen or v.w.gang_size < 2 or v.state is not State.RUNNING or v.bound:
+                continue
+            seen.add(idx)
+            if len({p.node for p in v.placements}) > 1 and search.eligible(v):
+                gangs.append(v)
+    gangs.sort(key=lambda g: (set_key([g], state.now), g.w.id))
+    return gangs[: session.config.victim_search_nodes]
 
 
 def _place_with(
