@@ -151,3 +151,17 @@ def test_a_mix_never_takes_a_borrower_below_its_deserved_quota() -> None:
     run = own_and_borrowed(b_deserved=3)
     run.settle()
     assert run.evicted() == [] and "train" in run.pending()
+
+
+# -- blockers a preemption names --------------------------------------------------------------------------------------
+
+
+def test_a_service_behind_a_training_runs_minimum_runtime_says_until_when() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=1).project("a", deserved=1)
+    c.running("t", "a", "h100-0", [0], gpus=1, priority="training", min_runtime=600)
+    run = Run(c.snapshot())
+    run.submit(c, "serve", "a", gpus=1, priority="production", preemptible=False)
+    reason = run.cycle().pending_for("serve")
+    assert reason is not None and reason.code.value == "min-runtime"
+    until = int((run.workload("t").start_time or 0) + 600)
+    assert (reason.arg("victim"), reason.arg("project"), reason.arg("until")) == ("t", "a", until)

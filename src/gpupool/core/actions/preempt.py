@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from gpupool.core import explain
 from gpupool.core.actions.reclaim import _retryable, mixed_rules
-from gpupool.core.decision import EvictReason, PendingCode
+from gpupool.core.decision import EvictReason, Pending, PendingCode
 from gpupool.core.model import State
 from gpupool.core.ordering import FairOrder
 from gpupool.core.preemption.quota_room import make_room
@@ -59,11 +59,54 @@ def preempt(session: Session) -> None:
                 evicted = _mixed(session, ws, [v for v in own.get(ws.queue, ()) if eligible(v)], eligible, message)
         if evicted is None:
             failed.add(key)
+            young = _young_blocker(session, ws, own.get(ws.queue, []), valid, message, limited)
+            if young is not None:
+                session.pending[ws.idx] = young
             continue
         state.commit()
         for e in state.evictions[len(state.evictions) - evicted :]:
             session.stats["preempted" if e.reason is EvictReason.PREEMPT else "reclaimed"] += 1
         session.pending[ws.idx] = explain.waiting(ws, evicted)
+
+
+def _young_blocker(
+    session: Session,
+    ws: WorkloadState,
+    own: list[WorkloadState],
+    valid: Callable[[], bool],
+    message: str,
+    limited: bool,
+) -> Pending | None:
+    """Why a preemption that failed waits, where only minimum runtimes stood in its way: the same search with
+    its project's young lower-priority work eligible too, undone; it names the victim protected longest."""
+    state = session.state
+    young = {
+        v.w.id: v
+        for v in own
+        if v.state is State.RUNNING and not v.bound and v.w.priority < ws.w.priority
+        and not past_min_runtime(v, state.now)
+    }  # fmt: skip
+    if not young:
+        return None
+
+    def any_age(v: WorkloadState) -> bool:
+        return v.queue == ws.queue and v.w.preemptible and v.w.priority < ws.w.priority
+
+    prepare = _room_under_limit(session, ws, own, any_age, message) if limited else None
+    checkpoint, before = state.checkpoint(), len(state.evictions)
+    evicted = place_with_evictions(
+        session, ws, [ws.queue], any_age, valid, EvictReason.PREEMPT, message, prepare=prepare
+    )
+    protected = [young[e.workload] for e in state.evictions[before:] if e.workload in young] if evicted else []
+    state.rollback(checkpoint)
+    if not protected:
+        return None
+    v = max(protected, key=lambda v: (_until(v, state.now), v.w.id))
+    return explain.min_runtime(ws, v, _until(v, state.now))
+
+
+def _until(v: WorkloadState, now: float) -> float:
+    return (now if v.w.start_time is None else v.w.start_time) + v.w.min_runtime_s
 
 
 def _room_under_limit(
