@@ -30,6 +30,7 @@ from gpupool.core import (
 from gpupool.core.placement.memo import Memo
 from gpupool.core.priority import BATCH, INTERACTIVE, PRODUCTION, TRAINING, PriorityClass
 from gpupool.sim.apply import apply
+from gpupool.sim.org_eta import REFRESH_TICKS, Estimator, forecast_limits
 from gpupool.sim.org_jobs import Organisation, OrgJob
 from gpupool.sim.pools import shared_pools
 
@@ -50,6 +51,8 @@ class Regime:
     idle_timeout_s: float | None
     """Suspend a notebook whose user has been away this long."""
     actions: tuple[str, ...]
+    estimates: bool = False
+    """Forecast every waiting job's start and measure the forecasts (`org_eta`); they change nothing else."""
 
 
 REGIMES = {
@@ -71,6 +74,7 @@ REGIMES = {
         classes=True,
         idle_timeout_s=1_800.0,
         actions=("stale_gangs", "allocate", "reclaim", "preempt"),
+        estimates=True,
     ),
 }
 CLASS_OF = {"training": TRAINING, "batch": BATCH, "notebook": INTERACTIVE, "inference": PRODUCTION}
@@ -96,6 +100,8 @@ class Record:
     suspended: bool = False
     nominated: tuple[str, ...] = ()
     """Nodes evictions were made for while it waits, as the control plane remembers them."""
+    ran_s: float = 0.0
+    """Running time so far, over every start."""
 
 
 @dataclass
@@ -125,6 +131,9 @@ class OrgSim:
         self.dirty = False
         self.owing = False
         """Some project below its deserved quota has work waiting that fits in it."""
+        self.estimator = Estimator(self.config, forecast_limits(interval)) if regime.estimates else None
+        self.unestimated: set[str] = set()
+        """Jobs submitted since the last forecast."""
         for j in org.jobs:
             self._push(j.submit, "arrive", j.id)
             if j.kind == "notebook":
@@ -148,6 +157,8 @@ class OrgSim:
             # Like the live loop, which runs every 2 s: every tick while a project waits for GPUs it is owed.
             if self.dirty or self.owing or (self.pending and tick % 5 == 0):
                 self._schedule()
+            if self.estimator is not None:
+                self._estimate(self.estimator, tick)
             if progress is not None and tick % 60 == 0:
                 progress(self.now)
 
@@ -156,27 +167,29 @@ class OrgSim:
         if kind == "arrive":
             rec.pending_since = self.now
             self.pending[jid] = rec
+            self.unestimated.add(jid)
             self.dirty = True
         elif kind == "finish" and token == rec.token and jid in self.running:
             self._stop(rec)
-            rec.finish = self.now
-            self.dirty = True
+            self._finished(rec)
         elif kind == "leave" and rec.finish is None:  # a notebook session ends, running or not
             if jid in self.running:
                 self._stop(rec)
             self.pending.pop(jid, None)
-            rec.finish = self.now
-            self.dirty = True
+            self._finished(rec)
         elif kind == "active" and rec.suspended and rec.finish is None:  # the user is back: resume
             rec.suspended = False
             rec.pending_since = self.now
             self.pending[jid] = rec
             self.dirty = True
 
+    def _snapshot(self) -> Snapshot:
+        workloads = [self._workload(r) for r in (*self.running.values(), *self.pending.values())]
+        return Snapshot(self.nodes, self.queues, tuple(workloads), self.now, self.pools)
+
     def _schedule(self) -> None:
         for _ in range(3):  # evictions release at once, so their preemptors can start in the same tick
-            workloads = [self._workload(r) for r in (*self.running.values(), *self.pending.values())]
-            snapshot = Snapshot(self.nodes, self.queues, tuple(workloads), self.now, self.pools)
+            snapshot = self._snapshot()
             applied = apply(snapshot, schedule(snapshot, self.config, memo=self.memo))
             for w in applied.evicted:
                 rec = self.records[w.id]
@@ -196,6 +209,21 @@ class OrgSim:
             if not applied.evicted:
                 break
 
+    def _estimate(self, estimator: Estimator, tick: int) -> None:
+        """At a tick where a job submitted since the last forecast still waits, and every few ticks while any
+        job waits for its first start: the forecast, recorded for the jobs that have not started yet."""
+        waiting = [jid for jid, rec in self.pending.items() if rec.first_start is None]
+        fresh = any(jid in self.pending for jid in self.unestimated)
+        self.unestimated.clear()
+        if not waiting or not (fresh or tick % REFRESH_TICKS == 0):
+            return
+        declared = {
+            jid: rec.job.declared
+            for jid, rec in (*self.running.items(), *self.pending.items())
+            if rec.job.declared is not None
+        }
+        estimator.estimate(self._snapshot(), waiting, declared)
+
     # -- state changes -----------------------------------------------------------------------------
 
     def _start(self, rec: Record, placements: tuple[Placement, ...]) -> None:
@@ -208,9 +236,16 @@ class OrgSim:
             self._push(self.now + max(0.0, rec.remaining), "finish", rec.job.id, rec.token)
 
     def _stop(self, rec: Record) -> None:
-        self.running.pop(rec.job.id, None)
+        if self.running.pop(rec.job.id, None) is not None:
+            rec.ran_s += self.now - (rec.started or self.now)
         rec.token += 1
         rec.placements, rec.nominated = (), ()
+
+    def _finished(self, rec: Record) -> None:
+        rec.finish = self.now
+        self.dirty = True
+        if self.estimator is not None and rec.ran_s > 0:
+            self.estimator.finished(rec.job.project, self._class(rec.job).name, rec.ran_s)
 
     def _idle_check(self) -> None:
         timeout = self.regime.idle_timeout_s
@@ -279,9 +314,7 @@ class OrgSim:
             request = Request(gpu_milli=job.gpu_milli)
         else:
             request = Request(gpus=job.gpus or 1)
-        cls: PriorityClass = (
-            CLASS_OF[job.kind] if regime.classes else (PRODUCTION if job.kind == "inference" else TRAINING)
-        )
+        cls = self._class(job)
         running = job.id in self.running
         checkpoint = None
         if running and rec.started is not None and job.kind in ("training", "batch"):
@@ -304,6 +337,11 @@ class OrgSim:
             nominated_nodes=() if running else rec.nominated,
             checkpoint_time=checkpoint,
         )
+
+    def _class(self, job: OrgJob) -> PriorityClass:
+        if self.regime.classes:
+            return CLASS_OF[job.kind]
+        return PRODUCTION if job.kind == "inference" else TRAINING
 
     def _push(self, t: float, kind: str, jid: str, token: int = 0) -> None:
         self.seq += 1

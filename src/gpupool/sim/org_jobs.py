@@ -42,6 +42,8 @@ class OrgJob:
     """Notebooks: when the user is active (GPU busy); idle in between."""
     busy_fraction: float = 1.0
     """Share of running time the GPU is busy, for work without bursts."""
+    declared: float | None = None
+    """The maximum duration its user declared (`declare`); None: none (services, and work longer than allowed)."""
 
     @property
     def milli(self) -> int:
@@ -101,10 +103,43 @@ def build(
             )
         )
     jobs = tuple(sorted(training + synthetic, key=lambda j: (j.submit, j.id)))
+    jobs = declare(jobs, seed)
     demand: dict[str, float] = {}
     for job in jobs:
         demand[job.project] = demand.get(job.project, 0.0) + job.milli * min(job.work, horizon - job.submit)
     return Organisation(departments, _quotas(demand, projects, gpus), jobs)
+
+
+MAX_DECLARED_S = 7 * DAY
+"""The longest duration a user may declare."""
+ROUND_DURATIONS = (600.0, 1_800.0, HOUR, 2 * HOUR, 4 * HOUR, 8 * HOUR, 12 * HOUR, DAY, 2 * DAY, 3 * DAY, MAX_DECLARED_S)
+"""The values users declare: round ones (Tsafrir, JSSPP 2010: about 90% of jobs use some 20 values)."""
+AT_MAXIMUM = 0.35
+"""Share of users who declare the maximum allowed, the most popular single value."""
+STEPS_UP = (0.5, 0.3, 0.2)
+"""The others: the first round value above the runtime, or one or two further up."""
+
+
+def declare(jobs: tuple[OrgJob, ...], seed: int) -> tuple[OrgJob, ...]:
+    """Each job's declared maximum duration, drawn as users choose one: modal, a round value above what it
+    needs (the work is stopped there) and often the maximum allowed. Never its runtime nor a multiple of it (a
+    value that happens to be one is lowered by half the runtime), and from a generator of its own, so the rest of
+    the organisation is the same with or without it."""
+    rng = random.Random(f"declared-{seed}")
+    out = []
+    for job in jobs:
+        declared = None
+        if job.kind != "inference" and job.work < MAX_DECLARED_S:
+            fitting = [v for v in ROUND_DURATIONS if v > job.work]
+            if rng.random() < AT_MAXIMUM:
+                declared = fitting[-1]
+            else:
+                up = rng.choices(range(len(STEPS_UP)), STEPS_UP)[0]
+                declared = fitting[min(up, len(fitting) - 1)]
+            if (declared / job.work).is_integer():  # a runtime of a few seconds divides every round value
+                declared -= job.work / 2
+        out.append(replace(job, declared=declared))
+    return tuple(out)
 
 
 def _demand(window: list[PhillyJob], cluster: str) -> float:

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpupool.core import MILLI
 from gpupool.sim.org import OrgSim, Record
+from gpupool.sim.org_eta import PREDICTORS, Estimator, Outcome, outcome_figures
 
 BATCHLIKE = ("training", "batch")
 
@@ -38,7 +39,35 @@ def metrics(sim: OrgSim) -> dict[str, Any]:
             for p in sorted(sim.org.deserved_gpus)
         },
     }
+    if sim.estimator is not None:
+        _add_estimates(out, sim.estimator, records)
     return out
+
+
+def _add_estimates(out: dict[str, Any], estimator: Estimator, records: list[Record]) -> None:
+    """The product's predictor (history capped by the declared maximum) overall and per class, beside the
+    summary's other figures; every predictor's figures under `eta_by_predictor`; the forecasts' cost."""
+    by: dict[str, Any] = {}
+    for predictor in PREDICTORS:
+        made = estimator.made[predictor]
+        outcomes = [
+            Outcome(r.job.kind, r.job.submit, r.first_start - r.job.submit, made[r.job.id])
+            for r in records
+            if r.first_start is not None and r.job.id in made
+        ]
+        by[predictor] = {
+            **outcome_figures(outcomes),
+            "per_class": {
+                k: outcome_figures([o for o in outcomes if o.kind == k]) for k in sorted({o.kind for o in outcomes})
+            },
+        }
+    headline = by[PREDICTORS[0]]
+    out.update({k: v for k, v in headline.items() if k != "per_class"})
+    for kind, figures in headline["per_class"].items():
+        out["per_class"][kind].update(figures)
+    out["eta_by_predictor"] = by
+    out["eta_forecasts"] = estimator.forecasts
+    out["eta_forecast_cycles"] = estimator.cycles
 
 
 def _waits_and_jct(records: list[Record], horizon: float) -> dict[str, Any]:
