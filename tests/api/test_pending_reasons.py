@@ -1,11 +1,13 @@
 """Pending reasons with their numbers, end to end: the real app and scheduler over SQLite on 4 simulated GPUs,
 real processes (sleeps) running. A workload over its project's limit on a full cluster says which quota, how much
 is used and asked (not that no node has room), in describe, in list and through the CLI's rendering; the numbers
-follow a quota change; a workload that reclaims says whose borrowed GPUs it waits for."""
+follow a quota change; a workload that reclaims says whose borrowed GPUs it waits for; one that would preempt work
+still within its minimum runtime says whose, and until when."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +121,32 @@ def test_a_job_that_reclaims_says_whose_borrowed_gpus_it_waits_for(c: Cluster) -
     )
     assert d["reason"] == f"waiting for 2 evicted workloads of project nlp to release 2 GPUs; it will start on {node}"
     assert sorted(n["name"] for n in _ok(c, "GET", "/api/v1/nodes")) == [node]
+
+
+def test_a_job_held_back_by_a_minimum_runtime_says_until_when(c: Cluster) -> None:
+    _ok(c, "POST", "/api/v1/projects", {"name": "vision", "deserved_gpus": 4})
+    _ok(c, "POST", "/api/v1/workloads", {"project": "vision", "name": "train", "gpus": 4, "priority": "training",
+                                         "grace_s": 1, "command": SLEEP})  # fmt: skip
+    _running(c, "train")
+    _ok(c, "POST", "/api/v1/workloads", {"project": "vision", "name": "serve", "gpus": 1, "priority": "production",
+                                         "grace_s": 1, "command": SLEEP})  # fmt: skip
+    c.cycle()
+
+    until = int(_describe(c, "vision", "train")["started_at"] + 600)  # training's minimum runtime: 10 minutes
+    d = _describe(c, "vision", "serve")
+    assert (d["reason_code"], d["reason_args"]) == (
+        "min-runtime",
+        {"until": until, "victim": "'train'", "project": "vision", "gpu_milli": 4000},
+    )
+    at = datetime.fromtimestamp(until, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    assert d["reason"] == (
+        f"waiting for 'train' of project vision to pass its minimum runtime at {at} UTC; then its 4 GPUs may be taken"
+    )
+    assert d["reason_short"] == f"min runtime of 'train' until {at[11:16]} UTC"
+
+    c.cycle(advance=600.0)  # its minimum runtime over: it is preempted, and serve waits for it to stop
+    d = _describe(c, "vision", "serve")
+    assert (d["reason_code"], d["reason_args"]["victims"], d["reason_args"]["borrowers"]) == (
+        "waiting-for-evictions", 1, "",
+    )  # fmt: skip
+    assert d["reason"].startswith("waiting for 1 evicted workload to release 4 GPUs; it will start on ")

@@ -108,6 +108,13 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "min runtime of train-7 until 20:26 UTC",
     ),
     (
+        "min-runtime",
+        {"until": 1_780_000_000, "project": "nlp", "gpu_milli": 500},  # another project's: not named
+        "waiting for a workload of project nlp to pass its minimum runtime at 2026-05-28 20:26:40 UTC; then its "
+        "0.5 GPUs may be taken",
+        "min runtime of nlp until 20:26 UTC",
+    ),
+    (
         "queued-behind",
         {"ahead": 3, "project": "vision", "blocker": "no-node-fits", "members": 1, "gpus": 2},
         "queued behind 3 higher-priority workloads of project vision; no node has 2 free GPUs now",

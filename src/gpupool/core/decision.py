@@ -83,8 +83,8 @@ class Pending:
     - no-shareable-device: `pool`;
     - waiting-for-evictions: `victims`, `gpu_milli` (what they free), `borrowers` (the victims' projects other
       than its own, comma-separated, sorted), `nodes` (comma-separated);
-    - min-runtime: `until` (seconds since the epoch, whole), `victim` (its shown name), `project` (the victim's),
-      `gpu_milli`;
+    - min-runtime: `until` (seconds since the epoch, whole), `victim` (its shown name; absent for another
+      project's), `project` (the victim's), `gpu_milli`;
     - queued-behind: `ahead` (higher-priority workloads of its project), `project`, `blocker` (the code it would
       have otherwise, or "fifo-head" for a strict-FIFO project's head) followed by that code's own arguments."""
 

@@ -105,14 +105,18 @@ def waiting(ws: WorkloadState, victims: int | None = None) -> Pending:
 
 
 def min_runtime(ws: WorkloadState, victim: WorkloadState, until: float) -> Pending:
-    """It would start by evicting `victim`, which its minimum runtime protects until `until`."""
+    """It would start by evicting `victim`, which its minimum runtime protects until `until`. Another project's
+    victim goes unnamed (`Workload.named_for`)."""
+    v = victim.w
+    name: tuple[Arg, ...] = (("victim", v.shown),) if v.project == ws.w.project else ()
+    who = v.shown if name else "a workload"
     return Pending(
         ws.w.id,
         PendingCode.MIN_RUNTIME,
-        f"waiting for {victim.w.shown} of project {victim.w.project} to pass its minimum runtime "
+        f"waiting for {who} of project {v.project} to pass its minimum runtime "
         f"(until {int(until)} s since the epoch) before it may be evicted",
         (),
-        (("until", int(until)), ("victim", victim.w.shown), ("project", victim.w.project), ("gpu_milli", victim.milli)),
+        (("until", int(until)), *name, ("project", v.project), ("gpu_milli", victim.milli)),
     )
 
 

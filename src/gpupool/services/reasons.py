@@ -162,8 +162,8 @@ def when(seconds: int) -> str:
 
 def _min_runtime(a: Args) -> str:
     return (
-        f"waiting for {a['victim']} of project {a['project']} to pass its minimum runtime at {when(int(a['until']))}; "
-        f"then its {gpus(int(a['gpu_milli']))} GPUs may be taken"
+        f"waiting for {a.get('victim') or 'a workload'} of project {a['project']} to pass its minimum runtime at "
+        f"{when(int(a['until']))}; then its {gpus(int(a['gpu_milli']))} GPUs may be taken"
     )
 
 
@@ -220,7 +220,9 @@ _SHORT: dict[str, Callable[[Args], str]] = {
     PendingReason.NEVER_FITS: lambda a: "never fits",
     PendingReason.NO_SHAREABLE_DEVICE: lambda a: f"no shareable device in {a['pool']}",
     PendingReason.WAITING_FOR_EVICTIONS: lambda a: f"waiting for {_plural(int(a['victims']), 'eviction')}",
-    PendingReason.MIN_RUNTIME: lambda a: f"min runtime of {a['victim']} until {when(int(a['until']))[11:16]} UTC",
+    PendingReason.MIN_RUNTIME: lambda a: (
+        f"min runtime of {a.get('victim') or a['project']} until {when(int(a['until']))[11:16]} UTC"
+    ),
     PendingReason.QUEUED_BEHIND: lambda a: (
         f"behind {a['ahead']}" + (f"; {_SHORT[str(a['blocker'])](a)}" if str(a.get("blocker")) in _SHORT else "")
     ),
