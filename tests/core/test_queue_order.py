@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupool.core import Decision, SchedulerConfig, Workload, schedule
+from gpupool.core.ordering import FairOrder, workload_key
+from gpupool.core.session import Session, open_session
+from gpupool.core.state import WorkloadState
 from tests.core import invariants
 from tests.core.builders import Cluster, Run
 from tests.core.test_properties import SETTINGS
@@ -131,3 +136,66 @@ def test_the_order_settles() -> None:
     for i in range(4):
         c.submit(f"a1-{i}", "a1", gpus=1).submit(f"a2-{i}", "a2", gpus=2).submit(f"b1-{i}", "b1", gpus=1)
     Run(c.snapshot()).settle()
+
+
+# -- the order itself, against a plain reading of the rule --------------------------------------------------------
+
+
+def first_by_rule(session: Session, lists: dict[int, list[WorkloadState]]) -> WorkloadState | None:
+    """The next workload by the rule read literally: from the top, at every level the member with waiting work
+    whose (below deserved, used / fair, head's submit time, head's id) is least; heads by priority then age."""
+    tree, pools = session.state.tree, session.state.pools
+
+    def share(q: int) -> tuple[int, float]:
+        used = sum(session.state.used[q])
+        deserved = sum(tree.queues[q].quota(p).deserved for p in pools)
+        fair = sum(session.fair[q])
+        return (0 if used < deserved else 1, used / fair if fair else float("inf"))
+
+    def head(q: int) -> WorkloadState | None:
+        if q in lists:
+            return min(lists[q], key=workload_key) if lists[q] else None
+        return pick(tree.children[q])
+
+    def pick(members: list[int]) -> WorkloadState | None:
+        ranked = [(share(q), h.w.submit_time, h.w.id, h) for q in members for h in (head(q),) if h is not None]
+        return min(ranked, key=lambda r: r[:3])[3] if ranked else None
+
+    return pick(tree.roots)
+
+
+@st.composite
+def trees_and_turns(draw: st.DrawFn) -> tuple[Cluster, list[int]]:
+    """Departments two levels deep, projects under them or at the top, random quotas and pending work; then for
+    each turn how much the served project places (0: nothing)."""
+    c = Cluster().pool("h100", nodes=4, gpus=8)
+    c.department("top", deserved=draw(st.integers(0, 16)))
+    c.department("mid", deserved=draw(st.integers(0, 8)))
+    c.queues["mid"] = dataclasses.replace(c.queues["mid"], parent="top")
+    parents = [None, "top", "mid"]
+    projects = [f"p{i}" for i in range(draw(st.integers(1, 5)))]
+    for name in projects:
+        c.project(name, department=draw(st.sampled_from(parents)), deserved=draw(st.integers(0, 4)))
+    for i in range(draw(st.integers(1, 14))):
+        priority = draw(st.sampled_from(["training", "batch"]))
+        c.submit(f"w{i:02d}", draw(st.sampled_from(projects)), gpus=1, priority=priority)
+    turns = draw(st.lists(st.sampled_from([0, 0, 500, 1000]), min_size=14, max_size=14))
+    return c, turns
+
+
+@SETTINGS
+@given(trees_and_turns())
+def test_the_order_is_the_rule_turn_by_turn(case: tuple[Cluster, list[int]]) -> None:
+    cluster, turns = case
+    session = open_session(cluster.snapshot(), SchedulerConfig())
+    waiting = session.waiting()
+    lists: dict[int, list[WorkloadState]] = {}
+    for ws in waiting:
+        lists.setdefault(ws.queue, []).append(ws)
+    order = FairOrder(session, waiting)
+    for turn, ws in zip(turns * 2, order, strict=False):
+        assert ws is first_by_rule(session, lists)
+        lists[ws.queue].remove(ws)
+        for q in session.state.tree.chain[ws.queue]:  # as a placement charges the project and its departments
+            session.state.used[q][0] += turn
+        order.unchanged = turn == 0

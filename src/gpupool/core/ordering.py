@@ -25,6 +25,8 @@ Share = tuple[int, float]
 """How a queue stands: 0 below its deserved quota (else 1), then used over fair share."""
 Key = tuple[int, float, float, str]
 """A member's rank among its siblings: its `Share`, then its head's submit time and id. Lower goes first."""
+Entry = tuple[Key, int]
+"""A queue with its key."""
 
 
 def workload_key(ws: WorkloadState) -> tuple[int, float, str]:
@@ -63,7 +65,7 @@ class FairOrder:
         queues, pools = session.state.tree.queues, session.state.pools
         self._quota = {q: (sum(queues[q].quota(p).deserved for p in pools), sum(session.fair[q])) for q in self._parent}
         """Queue -> its deserved quota and fair share, summed over pools (fixed for the cycle)."""
-        self._heaps: dict[int, list[tuple[Key, int]]] = {ROOT: []}
+        self._heaps: dict[int, list[Entry]] = {ROOT: []}
         """Department (or ROOT) -> its members with waiting work, each with its key, less those being served."""
         for q in sorted(self._parent, key=lambda q: -len(chain[q])):  # deepest first: members before parents
             if q not in self._lists:
@@ -93,43 +95,98 @@ class FairOrder:
         return reason is not None and reason.code is PendingCode.NEVER_FITS
 
     def __iter__(self) -> Iterator[WorkloadState]:
-        path = self._descend()
+        path = self._descend(ROOT)
         while path:
             q = path[-1][1]
             lst = self._lists[q]
-            ws = lst.pop()
-            self.unchanged = False
-            yield ws
-            self._after(q, ws)
-            if lst and self.unchanged and self._still_first(path, lst[-1]):
-                continue
-            self._return(path)
-            path = self._descend()
+            rivals = self._heaps[self._parent[q]]
+            bound, lowest = self._bound(path)
+            while True:
+                ws = lst.pop()
+                self.unchanged = False
+                yield ws
+                self._after(q, ws)
+                if not (lst and self.unchanged):
+                    path = self._rerank(path, not self.unchanged)
+                    break
+                head = lst[-1].w
+                if bound is None or (head.submit_time, head.id) < bound:
+                    continue
+                if not lowest:
+                    path = self._rerank(path, False)
+                    break
+                # Only the project's own level ties: the tied rival takes its place, the levels above still go
+                # first whatever their heads (their keys' heads may lag; `_rerank` reads only their shares).
+                key = path[-1][0]
+                winner = heapq.heapreplace(rivals, ((key[0], key[1], head.submit_time, head.id), q))
+                path[-1] = winner
+                q = winner[1]
+                if q not in self._lists:  # a department beside the projects: down to its first project
+                    path.extend(self._descend(q))
+                    break
+                lst = self._lists[q]
+                top = rivals[0][0]
+                bound = (top[2], top[3]) if top[0] == key[0] and top[1] == key[1] else None
 
-    def _descend(self) -> list[tuple[Key, int]]:
-        """Take the first member at each level, from the top down to a project: the path to be served."""
-        path: list[tuple[Key, int]] = []
-        heap = self._heaps[ROOT]
+    def _descend(self, q: int) -> list[Entry]:
+        """Take the first member at each level below `q`, down to a project: the path to be served."""
+        path: list[Entry] = []
+        heap = self._heaps.get(q, [])
         while heap:
             entry = heapq.heappop(heap)
             path.append(entry)
             heap = self._heaps.get(entry[1], [])
         return path
 
-    def _still_first(self, path: list[tuple[Key, int]], head: WorkloadState) -> bool:
-        """After a turn that changed nothing, whether the path still goes first at every level with the project's
-        new head: no share moved, and no other queue's key changed (a key changes only on its own turns)."""
-        for key, q in reversed(path):
+    def _bound(self, path: list[Entry]) -> tuple[tuple[float, str] | None, bool]:
+        """While turns change nothing (no share moves, and no other queue is served, so the rivals stay as they
+        are), the path goes on being served as long as its project's head ranks before the bound: the earliest
+        head of a rival whose share equals the path's at its level (None: no rival ties, so any head does).
+        Also whether the project's own level is the only one that ties."""
+        bound: tuple[float, str] | None = None
+        tied = 0
+        last = False
+        for key, q in path:
             rivals = self._heaps[self._parent[q]]
-            if rivals and (key[0], key[1], head.w.submit_time, head.w.id) > rivals[0][0]:
-                return False
-        return True
+            last = bool(rivals) and rivals[0][0][:2] == key[:2]
+            if last:
+                tied += 1
+                head = rivals[0][0][2:]
+                if bound is None or head < bound:
+                    bound = head
+        return bound, last and tied == 1
 
-    def _return(self, path: list[tuple[Key, int]]) -> None:
-        """Put the served path back, bottom up, each queue with waiting work left ranked afresh."""
-        for _, q in reversed(path):
-            if self._lists.get(q) or self._heaps.get(q):
-                heapq.heappush(self._heaps[self._parent[q]], (self._key(q), q))
+    def _rerank(self, path: list[Entry], moved: bool) -> list[Entry]:
+        """The next path after a turn on `path`: bottom up, each queue on it ranked afresh (its share only if
+        `moved`, its head always) against the first of its siblings, the winner held out of its parent's heap
+        (one push-pop a level while the same queues win); where a sibling wins, what was held out below the
+        loser goes back, and the winner's first members are taken."""
+        below: list[Entry] = []
+        """The path below the level at hand, top down, held out of their parents' heaps."""
+        exhausted = not self._lists[path[-1][1]]
+        for key, q in reversed(path):
+            if exhausted and q in self._heaps:  # a department whose member on the path ran out: its next one
+                below = self._descend(q)
+                exhausted = not below
+            if exhausted:
+                continue
+            if below:
+                head: tuple[float, str] = (below[0][0][2], below[0][0][3])
+            else:
+                w = self._lists[q][-1].w
+                head = (w.submit_time, w.id)
+            share = self._share(q) if moved else (key[0], key[1])
+            entry: Entry = ((share[0], share[1], head[0], head[1]), q)
+            winner = heapq.heappushpop(self._heaps[self._parent[q]], entry)
+            if winner is entry:
+                below.insert(0, entry)
+                continue
+            for parent, held in zip((q, *(e[1] for e in below)), below, strict=False):
+                heapq.heappush(self._heaps[parent], held)
+            below = [winner, *self._descend(winner[1])]
+        if exhausted:
+            return self._descend(ROOT)
+        return below
 
     def _after(self, q: int, ws: WorkloadState) -> None:
         """A project's turn is over: a strict-FIFO project whose head was not placed yields nothing more."""
