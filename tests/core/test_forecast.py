@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import random
 
-from gpupool.core import PendingCode
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupool.core import PendingCode, State, schedule
 from gpupool.core.forecast import Estimate, Forecast, Limits, forecast, runtimes_for
 from gpupool.core.runtime_model import UNKNOWN, Basis, Runtime, RuntimeModel
+from gpupool.sim.apply import apply_decision
 from tests.core.builders import Cluster
+from tests.core.test_properties import SETTINGS, Scenario, arrive, scenario_st, shuffled
 
 HOUR = 3600.0
 
@@ -123,3 +129,26 @@ def test_runtimes_for_a_snapshot_cap_history_by_the_declared_duration() -> None:
 def test_limits_refuse_nonsense() -> None:
     with pytest.raises(ValueError, match="max_steps"):
         Limits(max_steps=0)
+
+
+@settings(SETTINGS, max_examples=60)
+@given(scenario_st(max_steps=2), st.randoms(use_true_random=False))
+def test_every_pending_workload_gets_an_estimate_and_the_first_step_is_the_live_decision(
+    scenario: Scenario, rng: random.Random
+) -> None:
+    snapshot = scenario.snapshot
+    for step in scenario.steps:  # a few live cycles first, so that work runs
+        snapshot = arrive(snapshot, step)
+        snapshot = apply_decision(snapshot, schedule(snapshot, scenario.config), snapshot.now + step.advance)
+    runtimes = {
+        w.id: Runtime(rng.choice((None, 30.0, 120.0, 900.0)), rng.choice((Basis.DECLARED, Basis.HISTORY)))
+        for w in snapshot.workloads
+    }
+    out = forecast(snapshot, runtimes, scenario.config)
+    pending = {w.id for w in snapshot.workloads if w.state is State.PENDING}
+    assert set(out) == pending
+    assert all(e.start is None or e.start >= snapshot.now for e in out.values())
+    assert all((e.start is None) == (e.basis is Basis.NONE) for e in out.values())
+    now = {b.workload for b in schedule(snapshot, scenario.config).binds}
+    assert now <= {wid for wid, e in out.items() if e.start == snapshot.now}
+    assert forecast(shuffled(snapshot, rng), runtimes, scenario.config) == out
