@@ -151,8 +151,25 @@ def test_queued_behind_carries_the_blocker_and_its_numbers() -> None:
     c.submit("serve", "a", gpus=1, priority="production")
     c.submit("t1", "a", gpus=1, priority="training").submit("nb", "a", gpus=1, priority="interactive")
     p = pending(Run(c.snapshot()).settle(), "nb")
-    assert p.args[:3] == (("ahead", 1), ("project", "a"), ("blocker", "over-deserved"))
-    assert dict(p.args)["used"] == 1000
+    # Project a alone fills the pool: the blocker is the pool (its closest node lacks a GPU), not a quota.
+    assert p.args[:3] == (("ahead", 1), ("project", "a"), ("blocker", "no-node-fits"))
+    assert dict(p.args)["node"] == "h100-0" and dict(p.args)["lacks_gpus"] == 1
+
+
+def test_a_project_alone_in_a_full_pool_waits_for_room_not_for_its_quota() -> None:
+    # Its fair share is the whole pool, so asking for more than the pool passes its fair share; but no other
+    # project holds a GPU it could get back: what it lacks is room.
+    c = Cluster().pool("h100", nodes=2, gpus=4).project("a", deserved=8)
+    c.submit("busy", "a", gpus=3).submit("ddp", "a", gpus=2, workers=3)
+    assert pending(Run(c.snapshot()).settle(), "ddp").code is PendingCode.GANG_UNPLACEABLE
+
+
+def test_borrowed_gpus_held_by_another_project_make_it_over_deserved() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=2).project("a", deserved=0).project("b", deserved=2)
+    c.running("bw", "b", "h100-0", [0, 1], gpus=2).submit("aw", "a", gpus=1)
+    p = pending(Run(c.snapshot()).settle(), "aw")
+    assert p.code is PendingCode.OVER_DESERVED
+    assert dict(p.args)["asks"] == 1000
 
 
 def test_a_reasons_argument_names_are_unique_and_shared_reasons_stay_each_workloads_own() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gpupool.core.decision import Arg, Pending, PendingCode
-from gpupool.core.model import Request, State
+from gpupool.core.model import MILLI, Request, State
 from gpupool.core.placement.index import IntArray
 from gpupool.core.quota import gpus
 from gpupool.core.session import Session
@@ -129,6 +129,7 @@ class Quotas:
         self._rooms: dict[tuple[int, int], list[tuple[PendingCode, str, int, tuple[Arg, ...]]]] = {}
         self._borrow: dict[tuple[int, int], tuple[int, tuple[Arg, ...]]] = {}
         self._borrowed: dict[tuple[int, int], Pending] = {}
+        self._capacity: list[int] | None = None
 
     def blocker(self, ws: WorkloadState, pool_idx: int, borrowing: bool) -> Blocker | None:
         """The first quota of its project and the departments above it that the whole workload would pass in
@@ -157,12 +158,26 @@ class Quotas:
         over = [self._borrow_room(ws.queue, p) for p in pools]
         if not ask or any(ask <= room for room, _ in over):
             return None
+        if any(ask > self._beside(ws.queue, p) for p in pools):
+            # Even with every other project's work gone it would not fit: the pool is what it lacks (its project
+            # alone fills it), not a quota; the capacity reason says so.
+            return None
         key = (id(over[0][1]), ask)  # `_borrow` holds the arguments: their id stays theirs
         found = self._borrowed.get(key)
         if found is None:
             args = (*over[0][1], ("asks", ask))
             found = self._borrowed[key] = Pending(ws.w.id, PendingCode.OVER_DESERVED, _over_deserved(args), (), args)
         return found
+
+    def _beside(self, queue: int, pool_idx: int) -> int:
+        """The pool's GPUs (milli) that its project does not hold: what it could have if no other project ran."""
+        if self._capacity is None:
+            state = self.session.state
+            self._capacity = [0] * len(state.pools)
+            for n in state.nodes:
+                if n.schedulable:
+                    self._capacity[n.pool_idx] += len(n.devices) * MILLI
+        return self._capacity[pool_idx] - self.session.state.used[queue][pool_idx]
 
     def _borrow_room(self, queue: int, pool_idx: int) -> tuple[int, tuple[Arg, ...]]:
         """The GPU room (milli) its chain leaves before one of them passes deserved and fair share, and the
