@@ -156,10 +156,9 @@ def describe_text(d: WorkloadDetail) -> None:
     if d.reason_args:
         print(f"Numbers:     {' '.join(f'{k}={v}' for k, v in d.reason_args.items())}")
     if d.position is not None:
-        pools = ", ".join(d.position.pools) if d.position.pools else "any pool"
         print(
-            f"Position:    {d.position.project} of {d.position.project_queued} in project {d.project}'s queue, "
-            f"{d.position.pool} of {d.position.pool_queued} queued for {pools} (by priority, then submit time)"
+            f"Position:    {d.position.project} of {d.position.project_queued} in project {d.project}'s queue "
+            "(by priority, then submit time)"
         )
     print(f"GPUs:        {d.gpu_request}" + (f" (fraction {d.fraction})" if d.fraction else ""))
     for a in d.allocations:

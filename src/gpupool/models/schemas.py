@@ -244,16 +244,10 @@ class WorkloadPublic(Reply):
 
 
 class QueuePosition(Reply):
-    """Where a queued workload stands, by priority then submit time (1 is next), counted when asked."""
+    """Where a queued workload stands in its project's queue, by priority then submit time (1 is next)."""
 
     project: int
-    """In its project's queue."""
     project_queued: int
-    pools: list[str]
-    """The pools it may use; empty for any."""
-    pool: int
-    """Among the queued work, of every project, that may use one of those pools."""
-    pool_queued: int
 
 
 class WorkloadDetail(WorkloadPublic):

@@ -12,9 +12,8 @@ import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import String, and_, cast, func, or_, select, true
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement
 
 from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import QUEUED, PendingReason
@@ -250,43 +249,19 @@ def of_row(row: WorkloadRow) -> tuple[dict[str, Any], str | None]:
 
 
 def position(session: Session, row: WorkloadRow) -> QueuePosition | None:
-    """Where a queued workload stands, by priority then submit time (the order within a project; between
-    projects the scheduler takes turns by fair share, so the pool's count is how much work of its priority or
-    higher came first): in its project's queue, and among the queued work that may use one of its pools. Two
-    counts over the queued rows."""
+    """Where a queued workload stands in its project's queue, by priority then submit time (the order the
+    scheduler serves a project in; between projects it takes turns by fair share, so no count across projects
+    would say when its turn comes: the estimated start does). One pass over the project's queued rows, by the
+    (project_id, id) index."""
     if row.state not in QUEUED or row.hold:
         return None
-    queued = and_(WorkloadRow.state.in_(sorted(QUEUED)), WorkloadRow.hold.is_(False))
     ahead = or_(
         WorkloadRow.priority > row.priority,
         and_(WorkloadRow.priority == row.priority, WorkloadRow.queued_at < row.queued_at),
         and_(WorkloadRow.priority == row.priority, WorkloadRow.queued_at == row.queued_at, WorkloadRow.id < row.id),
     )
-    pools = _sharing(list(row.pools or []))
-    counts = select(
-        func.count().filter(and_(WorkloadRow.project_id == row.project_id, ahead)),
-        func.count().filter(WorkloadRow.project_id == row.project_id),
-        func.count().filter(and_(pools, ahead)),
-        func.count().filter(pools),
-    ).where(queued)
-    in_project, project_total, in_pools, pools_total = session.execute(counts).one()
-    return QueuePosition(
-        project=int(in_project) + 1,
-        project_queued=int(project_total),
-        pools=sorted(row.pools or []),
-        pool=int(in_pools) + 1,
-        pool_queued=int(pools_total),
+    counts = select(func.count().filter(ahead), func.count()).where(
+        WorkloadRow.project_id == row.project_id, WorkloadRow.state.in_(sorted(QUEUED)), WorkloadRow.hold.is_(False)
     )
-
-
-def _sharing(pools: list[str]) -> ColumnElement[bool]:
-    """Rows that may use one of `pools` (any pool where it names none): those naming none, or one of them."""
-    if not pools:
-        return true()
-    text = cast(WorkloadRow.pools, String)
-    named = [text.like(f'%"{_escape(p)}"%', escape="\\") for p in pools]
-    return or_(text == "[]", *named)
-
-
-def _escape(pool: str) -> str:
-    return pool.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    in_project, project_total = session.execute(counts).one()
+    return QueuePosition(project=int(in_project) + 1, project_queued=int(project_total))

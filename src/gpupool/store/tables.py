@@ -175,6 +175,8 @@ class WorkloadRow(Base):
         # Lists page by id within a project or a state (keyset pagination).
         Index("ix_workloads_project_id_id", "project_id", "id"),
         Index("ix_workloads_state_id", "state", "id"),
+        # A queued workload's place in its project's queue is counted from this index alone (describe).
+        Index("ix_workloads_queue_order", "project_id", "state", "hold", "priority", "queued_at", "id"),
     )
     __mapper_args__ = {"eager_defaults": True}  # noqa: RUF012 - read once, by the mapper
     """A write reads its new version back in the same statement (RETURNING)."""

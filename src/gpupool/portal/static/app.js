@@ -184,13 +184,13 @@ async function refreshList() {
 const QUEUED = ["pending", "preempted", "suspended"];
 
 // Why a queued workload waits: the server's sentence (rendered from the scheduler's code and numbers), the numbers
-// themselves, and where it stands in its project's queue and in its pools' (counted when asked).
+// themselves, and where it stands in its project's queue.
 async function showWhy(w) {
   const d = await api(ref(w));
   const box = document.getElementById("detail");
   const numbers = Object.entries(d.reason_args || {}).map(([k, v]) => `${esc(k)}=${esc(String(v))}`).join(" ");
   const p = d.position;
-  const where = p ? `${p.project} of ${p.project_queued} in project ${esc(d.project)}'s queue, ${p.pool} of ${p.pool_queued} queued for ${p.pools.length ? esc(p.pools.join(", ")) : "any pool"}` : "";
+  const where = p ? `${p.project} of ${p.project_queued} in project ${esc(d.project)}'s queue` : "";
   box.replaceChildren(el(`<section id="why"><h3>Why ${esc(d.name)} waits</h3>
     <p class="why-reason">${esc(d.reason)}${d.reason_code ? ` <code>${esc(d.reason_code)}</code>` : ""}</p>
     ${numbers ? `<p class="reason why-numbers">${numbers}</p>` : ""}
