@@ -96,6 +96,17 @@ def test_the_report_advises_from_half_an_hour_of_samples(sampled: tuple[Cluster,
     assert body["total"] == {"project": "total", "gpu_hours": 1.5065, "freed_gpu_hours": 0.95, "advised": 2}
 
 
+def test_describe_carries_the_advice(sampled: tuple[Cluster, dict[str, str], float]) -> None:
+    c, tokens, _ = sampled
+    r = c.http("GET", "/api/v1/workloads/nb?project=p1", token=tokens["admin"])
+    assert r.status_code == 200
+    assert r.json()["rightsizing"]["message"] == (
+        "used at most 0.1 GiB of 80, busy 0% of the time: ask `--gpu-memory 1GiB` or `--gpu 0.1`"
+    )
+    fat = c.http("GET", "/api/v1/workloads/fat?project=p1", token=tokens["admin"]).json()
+    assert fat["rightsizing"] is None
+
+
 def test_who_may_read_the_report_and_a_bad_period(sampled: tuple[Cluster, dict[str, str], float]) -> None:
     c, tokens, end = sampled
     # A viewer of p2 reads its own projects (nothing ran there); p1 is as if it did not exist.

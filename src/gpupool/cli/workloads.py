@@ -161,6 +161,8 @@ def describe_text(d: WorkloadDetail) -> None:
             "(by priority, then submit time)"
         )
     print(f"GPUs:        {d.gpu_request}" + (f" (fraction {d.fraction})" if d.fraction else ""))
+    if d.rightsizing is not None:
+        print(f"Right-size:  {d.rightsizing.message}")
     for a in d.allocations:
         devs = ", ".join(f"{x.index} ({x.milli / 1000:g})" for x in a.devices) or "none"
         print(f"Member {a.member}:    {a.node}, devices {devs}, {a.state}" + (f", port {a.port}" if a.port else ""))

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gpupool.lifecycle.phases import AllocPhase, Phase
+from gpupool.models.rightsizing import RightsizingAdvice
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _DNS = re.compile(DNS_LABEL)
@@ -271,6 +272,8 @@ class WorkloadDetail(WorkloadPublic):
     idle_threshold_pct: int | None = None
     position: QueuePosition | None = None
     """Queued workloads only."""
+    rightsizing: RightsizingAdvice | None = None
+    """Advice from its telemetry where it uses far less than it holds (gpupool.services.rightsizing says the rule)."""
 
 
 class Page(Reply, Generic[T]):

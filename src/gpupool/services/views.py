@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy.orm import object_session
-
 from gpupool.control.policies import Policy
 from gpupool.core import MILLI
 from gpupool.lifecycle.events import render
 from gpupool.lifecycle.phases import LIVE, STARTED, TERMINAL, AllocPhase
+from gpupool.models.rightsizing import RightsizingAdvice
 from gpupool.models.schemas import (
     AllocationPublic,
     DevicePublic,
@@ -82,6 +81,8 @@ def workload_detail(
     *,
     public_url: str,
     isolation: dict[str, str],
+    position: QueuePosition | None = None,
+    rightsizing: RightsizingAdvice | None = None,
 ) -> WorkloadDetail:
     base = workload_public(row, project).model_dump()
     allocs = live(row)
@@ -128,11 +129,6 @@ def workload_detail(
         idle_timeout_s=policy.idle_timeout_s.get(row.type),
         max_runtime_s=policy.max_runtime_s.get(row.type),
         idle_threshold_pct=policy.idle_threshold_pct,
-        position=_position(row),
+        position=position,
+        rightsizing=rightsizing,
     )
-
-
-def _position(row: WorkloadRow) -> QueuePosition | None:
-    """Counted in the session that read the row, for a queued one."""
-    session = object_session(row)
-    return None if session is None else reasons.position(session, row)

@@ -16,7 +16,7 @@ from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.phases import TERMINAL, Phase
 from gpupool.models.schemas import DNS_LABEL, INT32_MAX, Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
-from gpupool.services import audit
+from gpupool.services import audit, reasons, rightsizing
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_named
@@ -219,7 +219,10 @@ def describe(
     queue = session.get(QueueRow, row.project_id)
     policy = effective(_chain(session, queue)) if queue is not None else Policy()
     project_name = names.get(row.project_id, "?")
-    return workload_detail(row, project_name, events, policy, public_url=public_url, isolation=isolation)
+    return workload_detail(
+        row, project_name, events, policy, public_url=public_url, isolation=isolation,
+        position=reasons.position(session, row), rightsizing=rightsizing.advice_for(session, row),
+    )  # fmt: skip
 
 
 def resume(session: Session, who: Principal, ref: str, project: str | None) -> WorkloadPublic:
