@@ -271,6 +271,8 @@ def check_decision(before: Snapshot, decision: Decision) -> None:
     evicted = [e.workload for e in decision.evictions]
     assert len(set(evicted)) == len(evicted), f"evicted twice: {evicted}"
     used_before = usage(before)
+    # Reclaim runs after this cycle's allocate: a project its binds took past its deserved quota is over it then.
+    bound_now = usage_of(before, ((by_id[b.workload], b.placements) for b in decision.binds))
     nodes = {n.name: n for n in before.nodes}
     for e in decision.evictions:
         v = by_id[e.workload]
@@ -291,9 +293,8 @@ def check_decision(before: Snapshot, decision: Decision) -> None:
             pool = pool_of(before, v.placements)
             assert pool is not None
             deserved = next(q for q in before.queues if q.name == v.project).quota(pool).deserved
-            assert used_before[v.project, pool] > deserved, (
-                f"reclaimed {v.id} from {v.project}, using {used_before[v.project, pool]} of deserved {deserved}"
-            )
+            used = used_before[v.project, pool] + bound_now[v.project, pool]
+            assert used > deserved, f"reclaimed {v.id} from {v.project}, using {used} of deserved {deserved}"
     bound = [b.workload for b in decision.binds]
     assert len(set(bound)) == len(bound), f"bound twice: {bound}"
     assert not set(bound) & set(evicted), f"bound and evicted: {set(bound) & set(evicted)}"
