@@ -25,7 +25,7 @@ from gpupool.core.state import WorkloadState
 def preempt(session: Session) -> None:
     state = session.state
     failed: set[tuple[object, ...]] = set()
-    attempts = 0
+    attempts = mixed = 0
     lowest: dict[int, int] = {}
     own: dict[int, list[WorkloadState]] = {}
     for ws in state.workloads:
@@ -55,7 +55,8 @@ def preempt(session: Session) -> None:
             )
         else:
             evicted = place_with_evictions(session, ws, [ws.queue], eligible, valid, EvictReason.PREEMPT, message)
-            if evicted is None:
+            if evicted is None and mixed < session.config.max_mixed_attempts:
+                mixed += 1  # what the cap leaves is tried in a later cycle, as with every attempt cap
                 evicted = _mixed(session, ws, [v for v in own.get(ws.queue, ()) if eligible(v)], eligible, message)
         if evicted is None:
             failed.add(key)
