@@ -13,7 +13,9 @@ import yaml
 from pydantic import ValidationError
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table
+from gpupool.cli.policy import parse_duration
 from gpupool.client import Client
+from gpupool.lifecycle.events import duration
 from gpupool.lifecycle.phases import QUEUED, Phase
 from gpupool.models.schemas import WorkloadCreate, WorkloadDetail, WorkloadPublic
 
@@ -58,6 +60,9 @@ def submit(
     port: Annotated[int | None, typer.Option("--port", help="The port a notebook or service listens on.")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="K=V (repeatable).")] = None,
     grace: Annotated[float | None, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")] = None,
+    max_duration: Annotated[
+        str | None, typer.Option("--max-duration", help="Stopped once it has run this long, e.g. 4h (and ETAs use it).")
+    ] = None,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Retry-safe submit.")] = None,
     output: Output = OutputOpt,
 ) -> None:
@@ -73,6 +78,7 @@ def submit(
             "project": _project(c, project), "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
             "gpu_memory": gpu_memory, "workers": workers, "priority": priority, "preemptible": preemptible,
             "port": port, "env": pairs, "command": list(command or []), "grace_s": grace,
+            "max_duration_s": None if max_duration is None else parse_duration(max_duration),
         }  # fmt: skip
         try:
             body = WorkloadCreate.model_validate(fields)
@@ -95,6 +101,9 @@ def apply(
     if not isinstance(data, dict):
         fail(f"{file}: expected a mapping of workload fields (project, name, type, gpus, command, ...)", 2)
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    if "max_duration" in data:  # a duration as submit takes it ("4h"); the API's field is in seconds
+        declared = data.pop("max_duration")
+        data["max_duration_s"] = parse_duration(str(declared)) if declared is not None else None
     # Not a field of the workload: the submit's retry key, sent as the Idempotency-Key header.
     key = data.pop("idempotency_key", None)
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 128):
@@ -177,6 +186,8 @@ def describe_text(d: WorkloadDetail) -> None:
         limits.append(f"{what} after {d.idle_timeout_s:g}s below {d.idle_threshold_pct}% GPU")
     if d.max_runtime_s is not None:
         limits.append(f"runs at most {d.max_runtime_s:g}s")
+    if d.max_duration_s is not None:
+        limits.append(f"declared max duration {duration(d.max_duration_s)}")
     if limits:
         idle = f"; idle for {time.time() - d.idle_since:.0f}s now" if d.idle_since and d.state == Phase.RUNNING else ""
         print(f"Policy:      {', '.join(limits)}{idle}")

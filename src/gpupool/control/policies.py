@@ -67,6 +67,12 @@ def enforce(rows: Sequence[WorkloadRow], policies: Mapping[int, Policy], now: fl
         run_limit = pol.max_runtime_s.get(row.type)
         if event is None and run_limit is not None and row.started_at is not None and now - row.started_at >= run_limit:
             event = request_stop(row, StopReason.MAX_RUNTIME, now, ran_s=now - row.started_at, limit_s=run_limit)
+        declared = row.max_duration_s
+        if event is None and declared is not None and row.started_at is not None and now - row.started_at >= declared:
+            # The submitter's own limit: stopped as the runtime policy stops work, its args say whose limit.
+            event = request_stop(
+                row, StopReason.MAX_RUNTIME, now, ran_s=now - row.started_at, limit_s=declared, declared=True
+            )
         if event is not None:
             out.append(event)
     return out

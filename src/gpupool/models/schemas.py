@@ -164,6 +164,10 @@ class UserCreated(UserPublic):
     """Shown once; the server keeps only its hash."""
 
 
+MAX_DURATION_S = 30 * 86400
+"""The longest max_duration a workload may declare: a longer one says nothing a forecast could use."""
+
+
 class WorkloadCreate(Wire):
     project: Name
     name: Name | None = None
@@ -182,6 +186,13 @@ class WorkloadCreate(Wire):
     image: str | None = Field(None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
     """A container image, for the kubernetes backend (the local backend runs commands on the host)."""
     grace_s: float | None = Field(None, ge=0, le=3600, allow_inf_nan=False)
+    max_duration_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_DURATION_S,
+        allow_inf_nan=False,
+        description="Stopped (with its grace period) once it has run this long; at most 30 days.",
+    )
     pools: list[ShortText] = Field(default_factory=list, max_length=16)
 
 
@@ -239,6 +250,8 @@ class WorkloadPublic(Reply):
     exit_code: int | None
     gpu_util_pct: int | None = None
     """Sampled utilisation of its GPU share (modelled from CPU activity on simulated GPUs)."""
+    max_duration_s: float | None = None
+    """Declared at submit: it is stopped once it has run this long."""
     created_at: float
     started_at: float | None
     finished_at: float | None

@@ -67,6 +67,7 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
         attempt=row.attempt,
         exit_code=row.exit_code,
         gpu_util_pct=row.gpu_util_pct if row.state in LIVE else None,
+        max_duration_s=row.max_duration_s,
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,

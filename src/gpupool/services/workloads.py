@@ -104,6 +104,7 @@ def submit(
         env=dict(body.env),
         port=body.port,
         grace_s=default_grace_s if body.grace_s is None else body.grace_s,
+        max_duration_s=body.max_duration_s,
         app_token=secrets.token_urlsafe(24) if body.type == "notebook" else None,
         state=Phase.PENDING.value,
         attempt=0,

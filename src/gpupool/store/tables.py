@@ -193,6 +193,9 @@ class WorkloadRow(Base):
     priority: Mapped[int] = mapped_column(Integer)
     preemptible: Mapped[bool] = mapped_column(Boolean)
     min_runtime_s: Mapped[float] = mapped_column(Float, default=0.0)
+    max_duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Declared by its submitter: stopped (with its grace period) once it has run this long; forecasts of when
+    queued work starts take it as this workload's end."""
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     gpu_milli: Mapped[int] = mapped_column(Integer, default=0)
     gpu_memory_mib: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -229,6 +232,11 @@ class WorkloadRow(Base):
     gpu_util_peak_pct: Mapped[int | None] = mapped_column(Integer, nullable=True)
     """The highest sampled utilisation of its whole grant (0-100): how many of several GPUs it ever kept busy."""
     idle_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    eta: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """A queued workload's estimated start (unix seconds; None: none while what holds the room runs on), written
+    by gpupool.control.estimates without a version stamp, like a waiting reason."""
+    eta_basis: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """What the estimate rests on: "declared" (max durations), "history" (runtimes seen) or "none"."""
     created_at: Mapped[float] = mapped_column(Float)
     queued_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
