@@ -4,12 +4,14 @@ over SQLite on simulated GPUs, real processes (sleeps) running."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.api.test_pending_reasons import _ok
+from tests.control.test_estimates import hog_and_waiter
 from tests.observability.harness import Cluster, cluster
 
 
@@ -36,3 +38,36 @@ def test_a_max_duration_that_is_not_a_positive_duration_of_at_most_30_days_is_re
     r = c.http("POST", "/api/v1/workloads", body)
     assert r.status_code == 422, r.text
     assert [(e["loc"][-1], e["msg"]) for e in r.json()["detail"]] == [("max_duration_s", message)]
+
+
+def test_a_queued_job_behind_one_with_a_max_duration_gets_its_eta_and_its_start_records_estimate_and_wait(
+    c: Cluster,
+) -> None:
+    _ok(c, "POST", "/api/v1/projects", {"name": "vision", "deserved_gpus": 4})
+    started = hog_and_waiter(c, max_duration_s=3600)
+    c.cycle()
+
+    d = _ok(c, "GET", "/api/v1/workloads/waiter?project=vision")
+    assert (d["state"], d["eta_basis"]) == ("pending", "declared")
+    assert datetime.fromisoformat(d["eta"]) == datetime.fromtimestamp(started + 3600, UTC)
+    listed = {w["name"]: w for w in _ok(c, "GET", "/api/v1/workloads?project=vision")["items"]}
+    assert (listed["waiter"]["eta"], listed["waiter"]["eta_basis"]) == (d["eta"], "declared")
+    assert (listed["hog"]["eta"], listed["hog"]["eta_basis"]) == (None, None)  # running: no estimate
+    queued_at = c.row("waiter").queued_at
+
+    c.cycle(advance=started + 3600 - c.clock.now)  # the hog's max duration is up: it is asked to stop
+    # Estimated again (the refresh was due): a stopping workload is expected to keep its devices up to 30 s, and
+    # the forecast's steps are at least 60 s apart.
+    d = _ok(c, "GET", "/api/v1/workloads/waiter?project=vision")
+    assert (d["state"], d["eta_basis"]) == ("pending", "declared")
+    assert datetime.fromisoformat(d["eta"]) == datetime.fromtimestamp(started + 3660, UTC)
+    c.until(lambda: c.states()["waiter"] == "running", "the waiter to start")
+    d = _ok(c, "GET", "/api/v1/workloads/waiter?project=vision")
+    assert (d["eta"], d["eta_basis"]) == (None, None)
+    placed = [e for e in d["events"] if e["code"] == "placed"]
+    assert len(placed) == 1
+    args = placed[0]["args"]
+    assert (args["eta"], args["eta_basis"]) == (started + 3660, "declared")  # the estimate it had last
+    assert args["estimated_wait_s"] == round(started + 3660 - queued_at, 3)
+    assert args["waited_s"] == round(placed[0]["at"] - queued_at, 3)
+    assert placed[0]["at"] - started > 3600  # it started once the hog had stopped

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.backends.base import Backend, LaunchSpec, Sample
 from gpupool.control.apply import act, persist, sequential
+from gpupool.control.estimates import Estimates
 from gpupool.control.loop import SchedulerLoop
 from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.reconcile import reconcile
@@ -101,6 +102,7 @@ class Controller:
         self._cycle_ids = itertools.count(1)
         self._failing: str | None = None
         self._memo = Memo()
+        self.estimates = Estimates(sessions, self.config)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
         self.fence = fence
         """Called with the cycle's session before each of its commits; raises to stop a deposed leader acting."""
@@ -280,6 +282,7 @@ class Controller:
                 by_id = {r.id: r for r in loaded}
                 self.view.bound(s, decision, by_id)
                 persisted = persist(by_id, decision, now)
+                self.estimates.placed(persisted, by_id, now)
                 s.add_all(persisted)
                 notes = self.view.waiting(decision, by_id)
         with self._step("commit"):
@@ -304,6 +307,8 @@ class Controller:
         failpoint("cycle.before-events")
         with self._step("commit_events"):
             self._commit_checked(s, acting, [])
+        with self._step("estimates"):
+            self.estimates.after_cycle(snapshot, decision, by_id.values(), projects)
         # Kept for its shares (metrics, portal) without its 100,000 reasons: kept, they outlived the cycle, and the
         # collector's first pass after it walked them all, holding the interpreter for 40-80 ms of every request.
         self.last_decision = replace(decision, pending=())

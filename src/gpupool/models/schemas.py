@@ -6,6 +6,7 @@ The client and the CLI import these too, so this module depends on pydantic only
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -252,6 +253,12 @@ class WorkloadPublic(Reply):
     """Sampled utilisation of its GPU share (modelled from CPU activity on simulated GPUs)."""
     max_duration_s: float | None = None
     """Declared at submit: it is stopped once it has run this long."""
+    eta: datetime | None = None
+    """Queued only: when it is expected to start (the scheduler run forward over the expected ends of running
+    work, gpupool.control.estimates); null when none is expected while what holds the room runs on, or before the
+    first estimate."""
+    eta_basis: Literal["declared", "history", "none"] | None = None
+    """What `eta` rests on: declared max durations, runtimes of the project's finished work, or nothing."""
     created_at: float
     started_at: float | None
     finished_at: float | None

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from gpupool.control.policies import Policy
 from gpupool.core import MILLI
 from gpupool.lifecycle.events import render
-from gpupool.lifecycle.phases import LIVE, STARTED, TERMINAL, AllocPhase
+from gpupool.lifecycle.phases import LIVE, QUEUED, STARTED, TERMINAL, AllocPhase
 from gpupool.models.rightsizing import RightsizingAdvice
 from gpupool.models.schemas import (
     AllocationPublic,
@@ -37,8 +38,12 @@ def live(row: WorkloadRow) -> list[AllocationRow]:
     return [a for a in row.allocations if a.state != AllocPhase.ENDED and a.attempt == row.attempt]
 
 
+_BASES = frozenset({"declared", "history", "none"})
+
+
 def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
     allocs = live(row)
+    waiting = row.state in QUEUED and not row.hold
     args, detail = reasons.of_row(row)
     if detail is not None:
         reason, short = reasons.sentence(row.reason_code, args, detail), reasons.short(row.reason_code, args)
@@ -68,6 +73,8 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
         exit_code=row.exit_code,
         gpu_util_pct=row.gpu_util_pct if row.state in LIVE else None,
         max_duration_s=row.max_duration_s,
+        eta=datetime.fromtimestamp(row.eta, UTC) if row.eta is not None and waiting else None,
+        eta_basis=row.eta_basis if waiting and row.eta_basis in _BASES else None,
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,

@@ -1,0 +1,195 @@
+"""Start-time estimates for queued work, kept by the scheduler loop: the core's forecast (gpupool.core.forecast)
+run forward from a cycle's own snapshot, a few steps after each cycle, and written to the queued rows when done.
+
+Cost. After every cycle the loop hands `after_cycle` its snapshot; the forecast in progress takes steps while
+the time it has been granted lasts: `budget_s` (100 ms) more per cycle, kept up to the cost of the dearest step
+seen, so a step that costs more than a cycle's budget (about 0.5 s at 100,000 pending) is taken once every few
+cycles and the loop spends on average at most `budget_s` a cycle on estimates. A forecast takes at most
+`Limits.max_steps` (64) steps, so on a small cluster it is done within a cycle, and at 100,000 pending the
+estimates are refreshed every few minutes (64 steps at one every 5 cycles of about 1 s). A new forecast starts
+when the last is done and the queue changed (work submitted, bound, evicted or gone) or `refresh_s` (60 s) has
+passed. Its results are written only where a row's estimate changed, without stamping the row's version (as a
+waiting reason is written, gpupool.store.changes): nobody needs to read the rows again for it.
+
+Runtimes. A `RuntimeModel` fed with every finished workload's runtime by project and priority class (the key the
+core's `runtimes_for` reads) when the loop first runs, then with each workload that ends; a declared
+`max_duration_s` caps it (the workload is stopped there). Deterministic: the estimates depend only on the
+snapshot, the runtimes observed (in order of their end) and the declared durations."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpupool.core import Decision, SchedulerConfig
+from gpupool.core.forecast import Forecast, Limits, runtimes_for
+from gpupool.core.model import Snapshot, State
+from gpupool.core.placement.memo import Memo
+from gpupool.core.runtime_model import RuntimeModel
+from gpupool.lifecycle.events import EventCode
+from gpupool.lifecycle.phases import ACTIVE, QUEUED, TERMINAL
+from gpupool.store.changes import CHUNK, WORKLOADS
+from gpupool.store.snapshot import core_id, row_id
+from gpupool.store.tables import EventRow, QueueRow, WorkloadRow
+
+BUDGET_S = 0.1
+"""Seconds of the loop's time per cycle, on average, for estimates (0: none are made)."""
+REFRESH_S = 60.0
+"""A forecast is made again at least this often (loop time) while work waits, even if the queue did not change."""
+HISTORY = 50_000
+"""Finished workloads read at start (the newest): far more than the model keeps per key."""
+
+_WRITE = (
+    update(WORKLOADS)
+    # States one by one: an IN list expands per statement, which a statement run for many rows cannot.
+    .where(WORKLOADS.c.id == bindparam("wid"), or_(*(WORKLOADS.c.state == state for state in sorted(QUEUED))))
+    .values(eta=bindparam("at"), eta_basis=bindparam("basis"))
+)
+
+
+class Estimates:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        config: SchedulerConfig,
+        *,
+        budget_s: float = BUDGET_S,
+        refresh_s: float = REFRESH_S,
+        limits: Limits | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.sessions, self.config, self.limits = sessions, config, limits
+        self.budget_s, self.refresh_s, self.timer = budget_s, refresh_s, timer
+        self.model = RuntimeModel()
+        self.forecasts = 0
+        """Forecasts completed (and written)."""
+        self.last_cost_s = 0.0
+        """Seconds the last cycle spent on estimates (stepping and writing)."""
+        self._history_read = False
+        self._forecast: Forecast | None = None
+        self._published = False
+        self._begun = 0.0
+        self._signature: tuple[int, ...] = ()
+        self._credit = 0.0
+        self._dearest = 0.0
+        self._memo = Memo()
+        self._written: dict[int, tuple[float | None, str]] = {}
+
+    @property
+    def forecast(self) -> Forecast | None:
+        """The forecast in progress, or the last one made (None while no work waits)."""
+        return self._forecast
+
+    def placed(self, events: Iterable[EventRow], rows: Mapping[int, WorkloadRow], now: float) -> None:
+        """Records in each start (placed) event of this cycle the estimate its workload had, beside the wait it
+        had (both from when it was queued: a requeued workload keeps its first place and time)."""
+        for ev in events:
+            row = rows.get(ev.workload_id)
+            if ev.code != EventCode.PLACED or row is None:
+                continue
+            had = self._written.pop(row.id, None)
+            eta, basis = had if had is not None else (row.eta, row.eta_basis)
+            ev.args = {
+                **ev.args,
+                "eta": eta,
+                "eta_basis": basis,
+                "estimated_wait_s": None if eta is None else round(eta - row.queued_at, 3),
+                "waited_s": round(now - row.queued_at, 3),
+            }
+            row.eta = row.eta_basis = None
+
+    def after_cycle(
+        self, snapshot: Snapshot, decision: Decision, rows: Iterable[WorkloadRow], projects: Mapping[int, str]
+    ) -> None:
+        """Feeds the model what ended this cycle, then advances (or starts) the forecast within its budget."""
+        if self.budget_s <= 0:  # switched off
+            return
+        start = self.timer()
+        if not self._history_read:
+            self._read_history(projects)
+        else:
+            for row in rows:
+                if row.state in TERMINAL and row.finished_at == snapshot.now and row.started_at is not None:
+                    self.model.observe(
+                        projects.get(row.project_id, ""), row.priority_class, row.finished_at - row.started_at
+                    )
+        signature = (len(snapshot.workloads), len(decision.pending), len(decision.binds), len(decision.evictions))
+        forecast = self._forecast
+        if forecast is None or (
+            forecast.done and (signature != self._signature or snapshot.now - self._begun >= self.refresh_s)
+        ):
+            if not decision.pending:
+                self._forecast = None
+                self.last_cost_s = self.timer() - start
+                return
+            self._memo.bound()
+            forecast = self._forecast = Forecast(
+                snapshot, runtimes_for(snapshot, self.model, self._declared(snapshot)), self.config, self.limits,
+                self._memo,
+            )  # fmt: skip
+            self._begun, self._signature, self._published = snapshot.now, signature, False
+        self._advance(forecast, start)
+        self.last_cost_s = self.timer() - start
+
+    def _advance(self, forecast: Forecast, start: float) -> None:
+        # Credit builds up to the dearest step's cost, so a step dearer than one cycle's budget is still taken
+        # every few cycles, and the average stays within the budget.
+        self._credit = min(self._credit + self.budget_s, max(self.budget_s, self._dearest))
+        spent = self.timer() - start
+        while not forecast.done and self._credit - spent >= self._dearest:
+            before = self.timer()
+            forecast.step()
+            cost = self.timer() - before
+            self._dearest = max(self._dearest, cost)
+            spent += cost
+        self._credit -= spent
+        if forecast.done and not self._published:
+            self._published = True
+            self._write(forecast)
+
+    def _write(self, forecast: Forecast) -> None:
+        changed: list[dict[str, Any]] = []
+        found: dict[int, tuple[float | None, str]] = {}
+        for label, est in forecast.estimates().items():
+            wid = row_id(label)
+            found[wid] = value = (est.start, est.basis.value)
+            if self._written.get(wid) != value:
+                changed.append({"wid": wid, "at": value[0], "basis": value[1]})
+        self._written = found
+        self.forecasts += 1
+        if changed:
+            with self.sessions() as s:
+                for at in range(0, len(changed), CHUNK * 10):
+                    s.execute(_WRITE, changed[at : at + CHUNK * 10])
+                s.commit()
+
+    def _declared(self, snapshot: Snapshot) -> dict[str, float]:
+        """The declared maximum durations of the snapshot's workloads, by core id (read only where one is set)."""
+        ids = {w.id for w in snapshot.workloads if w.state is not State.RELEASING}
+        with self.sessions() as s:
+            query = select(WorkloadRow.id, WorkloadRow.max_duration_s).where(
+                WorkloadRow.max_duration_s.is_not(None), WorkloadRow.state.in_(sorted(ACTIVE))
+            )
+            declared = {core_id(wid): seconds for wid, seconds in s.execute(query) if seconds is not None}
+        return {k: v for k, v in declared.items() if k in ids}
+
+    def _read_history(self, projects: Mapping[int, str]) -> None:
+        self._history_read = True
+        with self.sessions() as s:
+            names = projects or {q.id: q.name for q in s.scalars(select(QueueRow))}
+            query = (
+                select(
+                    WorkloadRow.project_id, WorkloadRow.priority_class, WorkloadRow.started_at, WorkloadRow.finished_at
+                )
+                .where(WorkloadRow.state.in_(sorted(TERMINAL)), WorkloadRow.started_at.is_not(None))
+                .where(WorkloadRow.finished_at.is_not(None))
+                .order_by(WorkloadRow.finished_at.desc(), WorkloadRow.id.desc())
+                .limit(HISTORY)
+            )
+            ended: Sequence[Any] = list(s.execute(query))
+        for project_id, klass, started, finished in reversed(ended):  # observed in the order they ended
+            self.model.observe(names.get(project_id, ""), klass, finished - started)
