@@ -71,7 +71,20 @@ def test_only_gpupool_shares_gpus_and_reclaims_idle_notebooks(runs: dict[str, Or
 
 def test_cli_writes_every_regime(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        app, ["simulate", "org", "--trace", str(PHILLY), "--gpus", "16", "--days", "0.25", "--out", str(tmp_path)]
+        app,
+        [
+            "simulate",
+            "org",
+            "--trace",
+            str(PHILLY),
+            "--gpus",
+            "16",
+            "--days",
+            "0.25",
+            "--estimates",
+            "--out",
+            str(tmp_path),
+        ],
     )
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -91,6 +104,14 @@ def test_cli_writes_every_regime(tmp_path: Path) -> None:
     assert "eta_within_2x_pct" in summary["regimes"]["gpupool"]
     assert "eta_within_2x_pct" not in summary["regimes"]["quota"]
     assert (tmp_path / "utilisation.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_measures_estimates_only_when_asked(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["simulate", "org", "--trace", str(PHILLY), "--gpus", "16", "--days", "0.25", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "eta_within_2x_pct" not in json.loads((tmp_path / "summary.json").read_text())["regimes"]["gpupool"]
 
 
 @pytest.mark.parametrize(("args", "message"), [(["--gpus", "12"], "multiple of 8"), (["--days", "0"], "--days")])

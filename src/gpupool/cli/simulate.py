@@ -84,8 +84,17 @@ def org(
     days: Annotated[float, typer.Option("--days", help="Days of the trace to replay.")] = 7.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed for sampling and the synthetic mix.")] = 1,
     start_day: Annotated[float, typer.Option("--start-day", help="Day of the trace the replay starts at.")] = 35.0,
+    estimates: Annotated[
+        bool,
+        typer.Option(
+            "--estimates/--no-estimates",
+            help="Forecast every waiting job's start under gpupool and measure the forecasts (eta_* figures); "
+            "they change no decision but make a week's run several times longer.",
+        ),
+    ] = False,
 ) -> None:
     """An organisation over time under three regimes: manual, quota and gpupool."""
+    import dataclasses
     import json
 
     from gpupool.sim.org import REGIMES, OrgSim
@@ -111,6 +120,7 @@ def org(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
     ) as bar:
         for name, regime in REGIMES.items():
+            regime = dataclasses.replace(regime, estimates=regime.estimates and estimates)
             task = bar.add_task(f"{name:>8}", total=round(horizon / 3600))
             sim = OrgSim(organisation, regime, gpus, horizon)
 
