@@ -36,13 +36,10 @@ from gpupool.core.runtime_model import RuntimeModel
 from gpupool.sim.apply import apply_decision
 from gpupool.sim.pools import shared_pools
 from scheduler_scale import (
-    WorkloadFactory,
-    build_nodes,
-    build_queues,
+    cluster,
     log,
     peak_rss_mib,
     pin_one_core,
-    pool_capacity,
     warm_up,
 )
 
@@ -64,10 +61,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pinned = pin_one_core() if not args.no_pin else "not pinned (--no-pin)"
     log(f"forecast cost: nodes={args.nodes} pending={args.pending} seed={args.seed}; {pinned}")
     rng = random.Random(args.seed)
-    nodes = build_nodes(args.nodes)
-    capacity = pool_capacity(nodes)
-    queues, projects = build_queues(capacity, rng)
-    factory = WorkloadFactory(rng, projects, sorted(capacity))
+    nodes, _, queues, factory = cluster(args.nodes, rng)
     config = SchedulerConfig()
     now = 1000.0
     snapshot = Snapshot(nodes, queues, (), now=now + 1.0, pool_settings=shared_pools(nodes))
@@ -80,7 +74,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     running = sum(1 for w in snapshot.workloads if w.state is State.RUNNING)
     log(f"steady: {running} running, {args.pending} pending")
 
-    model = history(projects, ["production", "training", "interactive", "batch"], rng)
+    model = history(factory.projects, ["production", "training", "interactive", "batch"], rng)
     declared = {w.id: rng.choice((4, 8, 24, 72)) * 3600.0 for w in snapshot.workloads if rng.random() < DECLARED_SHARE}
     t0 = time.perf_counter()
     runtimes = runtimes_for(snapshot, model, declared)

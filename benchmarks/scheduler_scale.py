@@ -245,6 +245,16 @@ class WorkloadFactory:
 # -- measuring -----------------------------------------------------------------------------------------
 
 
+def cluster(
+    count: int, rng: random.Random
+) -> tuple[tuple[Node, ...], dict[str, int], tuple[Queue, ...], WorkloadFactory]:
+    """The benchmark's cluster: nodes, each pool's GPU capacity, the organisation, and a workload factory."""
+    nodes = build_nodes(count)
+    capacity = pool_capacity(nodes)
+    queues, projects = build_queues(capacity, rng)
+    return nodes, capacity, queues, WorkloadFactory(rng, projects, sorted(capacity))
+
+
 def log(message: str) -> None:
     print(message, flush=True)
 
@@ -341,10 +351,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pinned = pin_one_core() if not args.no_pin else "not pinned (--no-pin)"
     log(f"gpupool scheduler scale benchmark: nodes={args.nodes} pending={args.pending} seed={args.seed}; {pinned}")
     rng = random.Random(args.seed)
-    nodes = build_nodes(args.nodes)
-    capacity = pool_capacity(nodes)
-    queues, projects = build_queues(capacity, rng)
-    factory = WorkloadFactory(rng, projects, sorted(capacity))
+    nodes, capacity, queues, factory = cluster(args.nodes, rng)
     config = SchedulerConfig()
     log(
         f"cluster: {len(nodes)} nodes, {sum(capacity.values()) // MILLI} GPUs "
