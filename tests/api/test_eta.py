@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from gpupool.cli.workloads import describe_text, eta_text
+from gpupool.models.schemas import WorkloadDetail, WorkloadPublic
 from tests.api.test_pending_reasons import _ok
 from tests.control.test_estimates import hog_and_waiter
 from tests.observability.harness import Cluster, cluster
@@ -41,7 +43,7 @@ def test_a_max_duration_that_is_not_a_positive_duration_of_at_most_30_days_is_re
 
 
 def test_a_queued_job_behind_one_with_a_max_duration_gets_its_eta_and_its_start_records_estimate_and_wait(
-    c: Cluster,
+    c: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _ok(c, "POST", "/api/v1/projects", {"name": "vision", "deserved_gpus": 4})
     started = hog_and_waiter(c, max_duration_s=3600)
@@ -54,6 +56,16 @@ def test_a_queued_job_behind_one_with_a_max_duration_gets_its_eta_and_its_start_
     assert (listed["waiter"]["eta"], listed["waiter"]["eta_basis"]) == (d["eta"], "declared")
     assert (listed["hog"]["eta"], listed["hog"]["eta_basis"]) == (None, None)  # running: no estimate
     queued_at = c.row("waiter").queued_at
+    shown = WorkloadPublic.model_validate(listed["waiter"])
+    assert eta_text(shown, now=started) == "in 1h00m (declared)"
+    assert eta_text(shown, now=started + 3590) == "now (declared)"
+    assert eta_text(WorkloadPublic.model_validate(listed["hog"])) == "-"
+    describe_text(WorkloadDetail.model_validate(d))
+    at = datetime.fromtimestamp(started + 3600).strftime("%Y-%m-%d %H:%M:%S")
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ETA:"))
+    assert line.startswith(f"ETA:         {at}, in ") and line.endswith(
+        "m (declared: from the max durations running work declared)"
+    )
 
     c.cycle(advance=started + 3600 - c.clock.now)  # the hog's max duration is up: it is asked to stop
     # Estimated again (the refresh was due): a stopping workload is expected to keep its devices up to 30 s, and

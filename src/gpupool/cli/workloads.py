@@ -126,6 +126,36 @@ def _age(since: float) -> str:
     return f"{s}s"
 
 
+_BASIS = {
+    "declared": "from the max durations running work declared",
+    "history": "from the runtimes of the project's finished work",
+    "none": "nothing running is expected to end",
+}
+
+
+def _span(seconds: float) -> str:
+    s = int(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{max(1, s // 60)}m"
+
+
+def eta_text(w: WorkloadPublic, now: float | None = None) -> str:
+    """A queued workload's estimated start, relative: "in 2h10m (history)"; "-" for any other."""
+    if w.state not in QUEUED or w.eta_basis is None:
+        return "-"
+    if w.eta is None:
+        return "unknown"
+    return f"{_relative(w.eta.timestamp(), now)} ({w.eta_basis})"
+
+
+def _relative(at: float, now: float | None = None) -> str:
+    left = at - (time.time() if now is None else now)
+    return f"in {_span(left)}" if left >= 60 else "now"
+
+
 def list_(
     project: ProjectOpt = None,
     state: Annotated[str | None, typer.Option("--state", help="Only workloads in this state.")] = None,
@@ -144,11 +174,11 @@ def print_list(rows: Sequence[WorkloadPublic]) -> None:
     """The table `list` prints: a queued workload's REASON is its blocker in a few words, a live one's its node."""
     print_table(
         None,
-        ("NAME", "PROJECT", "TYPE", "PRIORITY", "STATE", "GPUS", "NODE/DEVICES", "REASON", "AGE"),
+        ("NAME", "PROJECT", "TYPE", "PRIORITY", "STATE", "GPUS", "NODE/DEVICES", "REASON", "ETA", "AGE"),
         (
             (w.name, w.project, w.type, w.priority, w.state, w.gpu_request,
              f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-",
-             w.reason_short if w.state in QUEUED else "-", _age(w.created_at))
+             w.reason_short if w.state in QUEUED else "-", eta_text(w), _age(w.created_at))
             for w in rows
         ),
     )  # fmt: skip
@@ -169,6 +199,11 @@ def describe_text(d: WorkloadDetail) -> None:
             f"Position:    {d.position.project} of {d.position.project_queued} in project {d.project}'s queue "
             "(by priority, then submit time)"
         )
+    if d.state in QUEUED and d.eta_basis is not None:
+        when = "none while the reason above holds" if d.eta is None else (
+            f"{d.eta.astimezone().strftime(fmt)}, {_relative(d.eta.timestamp())}"
+        )  # fmt: skip
+        print(f"ETA:         {when} ({d.eta_basis}: {_BASIS.get(d.eta_basis, '')})")
     print(f"GPUs:        {d.gpu_request}" + (f" (fraction {d.fraction})" if d.fraction else ""))
     if d.rightsizing is not None:
         print(f"Right-size:  {d.rightsizing.message}")

@@ -101,7 +101,7 @@ async function workloadsPage() {
     <section><h2>Start a workload</h2>
       <div class="templates">${TYPES.map((t) => `<button class="secondary" data-template="${t}">${{ notebook: "Jupyter notebook", training: "Training", inference: "Inference service", batch: "Batch sweep" }[t]}</button>`).join("")}</div>
       <div id="form"></div></section>
-    <section><h2>My workloads</h2><table id="list"><thead><tr><th>Name</th><th>Project</th><th>Type</th><th>State</th><th>GPUs</th><th>GPU use</th><th>Age</th><th></th></tr></thead><tbody></tbody></table>
+    <section><h2>My workloads</h2><table id="list"><thead><tr><th>Name</th><th>Project</th><th>Type</th><th>State</th><th>GPUs</th><th>GPU use</th><th>ETA</th><th>Age</th><th></th></tr></thead><tbody></tbody></table>
       <div id="detail"></div></section></div>`));
   main.querySelectorAll("[data-template]").forEach((b) => { b.onclick = () => showForm(b.dataset.template, projects); });
   await refreshList();
@@ -169,7 +169,7 @@ async function refreshList() {
       <td><span class="state ${esc(w.state)}">${esc(w.state)}</span><div class="reason" title="${esc(w.reason)}">${esc(QUEUED.includes(w.state) ? w.reason_short || w.reason : w.reason)}</div></td>
       <td>${esc(w.gpu_request)}${w.node ? `<div class="reason">${esc(w.node)}: ${w.devices.join(",")}</div>` : ""}</td>
       <td>${w.gpu_util_pct === null ? "–" : `<span class="bar"><i style="width:${Number(w.gpu_util_pct)}%"></i></span> ${Number(w.gpu_util_pct)}%`}</td>
-      <td>${age(w.created_at)}</td><td class="actions"></td></tr>`);
+      <td>${eta(w)}</td><td>${age(w.created_at)}</td><td class="actions"></td></tr>`);
     const actions = tr.querySelector(".actions");
     const add = (label, cls, fn) => { const b = el(`<button class="${cls}">${label}</button>`); b.onclick = fn; actions.append(b, " "); };
     if ((w.type === "notebook" || w.type === "inference") && w.state === "running") add("Open", "", () => openWorkload(w));
@@ -182,6 +182,17 @@ async function refreshList() {
 }
 
 const QUEUED = ["pending", "preempted", "suspended"];
+
+// A queued workload's estimated start, relative, with what it rests on (declared durations, history, none).
+function eta(w) {
+  if (!QUEUED.includes(w.state) || !w.eta_basis) return "–";
+  if (w.eta === null) return `unknown<div class="reason">${esc(w.eta_basis)}</div>`;
+  const at = new Date(w.eta);
+  const s = Math.round((at.getTime() - Date.now()) / 1000);
+  const rel = s < 60 ? "now" : s >= 86400 ? `in ${Math.floor(s / 86400)}d${Math.floor((s % 86400) / 3600)}h`
+    : s >= 3600 ? `in ${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m` : `in ${Math.floor(s / 60)}m`;
+  return `<span title="${esc(at.toLocaleString())}">${rel}</span><div class="reason">${esc(w.eta_basis)}</div>`;
+}
 
 // Why a queued workload waits: the server's sentence (rendered from the scheduler's code and numbers), the numbers
 // themselves, and where it stands in its project's queue.
