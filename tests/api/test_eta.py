@@ -12,6 +12,7 @@ import pytest
 
 from gpupool.cli.workloads import describe_text, eta_text
 from gpupool.models.schemas import WorkloadDetail, WorkloadPublic
+from gpupool.store.snapshot import core_id
 from tests.api.test_pending_reasons import _ok
 from tests.control.test_estimates import hog_and_waiter
 from tests.observability.harness import Cluster, cluster
@@ -68,18 +69,21 @@ def test_a_queued_job_behind_one_with_a_max_duration_gets_its_eta_and_its_start_
     )
 
     c.cycle(advance=started + 3600 - c.clock.now)  # the hog's max duration is up: it is asked to stop
-    # Estimated again (the refresh was due): a stopping workload is expected to keep its devices up to 30 s, and
-    # the forecast's steps are at least 60 s apart.
+    # Estimated again (the refresh was due) a step (60 s) later, as the hog keeps its devices while it stops: a
+    # move of a step or less is not written.
+    forecast = c.controller.estimates.forecast
+    assert forecast is not None and forecast.done
+    assert forecast.estimates()[core_id(c.row("waiter").id)].start == started + 3660
     d = _ok(c, "GET", "/api/v1/workloads/waiter?project=vision")
     assert (d["state"], d["eta_basis"]) == ("pending", "declared")
-    assert datetime.fromisoformat(d["eta"]) == datetime.fromtimestamp(started + 3660, UTC)
+    assert datetime.fromisoformat(d["eta"]) == datetime.fromtimestamp(started + 3600, UTC)
     c.until(lambda: c.states()["waiter"] == "running", "the waiter to start")
     d = _ok(c, "GET", "/api/v1/workloads/waiter?project=vision")
     assert (d["eta"], d["eta_basis"]) == (None, None)
     placed = [e for e in d["events"] if e["code"] == "placed"]
     assert len(placed) == 1
     args = placed[0]["args"]
-    assert (args["eta"], args["eta_basis"]) == (started + 3660, "declared")  # the estimate it had last
-    assert args["estimated_wait_s"] == round(started + 3660 - queued_at, 3)
+    assert (args["eta"], args["eta_basis"]) == (started + 3600, "declared")  # the estimate it had
+    assert args["estimated_wait_s"] == round(started + 3600 - queued_at, 3)
     assert args["waited_s"] == round(placed[0]["at"] - queued_at, 3)
     assert placed[0]["at"] - started > 3600  # it started once the hog had stopped

@@ -8,7 +8,8 @@ cycles and the loop spends on average at most `budget_s` a cycle on estimates. A
 `Limits.max_steps` (64) steps, so on a small cluster it is done within a cycle, and at 100,000 pending the
 estimates are refreshed every few minutes (64 steps at one every 5 cycles of about 1 s). A new forecast starts
 when the last is done and the queue changed (work submitted, bound, evicted or gone) or `refresh_s` (60 s) has
-passed. Its results are written only where a row's estimate changed, without stamping the row's version (as a
+passed. Its results are written only where a row's estimate moved (by more than a minute or a tenth of the wait),
+a few thousand rows at least and more while the cycle's budget lasts, without stamping the rows' versions (as a
 waiting reason is written, gpupool.store.changes): nobody needs to read the rows again for it.
 
 Runtimes. A `RuntimeModel` fed with every finished workload's runtime by project and priority class (the key the
@@ -32,7 +33,7 @@ from gpupool.core.placement.memo import Memo
 from gpupool.core.runtime_model import RuntimeModel
 from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import ACTIVE, QUEUED, TERMINAL
-from gpupool.store.changes import CHUNK, WORKLOADS
+from gpupool.store.changes import WORKLOADS
 from gpupool.store.snapshot import core_id, row_id
 from gpupool.store.tables import EventRow, QueueRow, WorkloadRow
 
@@ -40,6 +41,12 @@ BUDGET_S = 0.1
 """Seconds of the loop's time per cycle, on average, for estimates (0: none are made)."""
 REFRESH_S = 60.0
 """A forecast is made again at least this often (loop time) while work waits, even if the queue did not change."""
+WRITE_CHUNK = 2_000
+"""Rows per write statement (a few tens of ms on SQLite)."""
+MOVE_S = 60.0
+MOVE_SHARE = 0.1
+"""An estimate is written again only when it moved by more than this or this share of the wait it forecasts:
+a refresh at 100,000 pending rewrites what moved, not every row whose time shifted by a step."""
 HISTORY = 50_000
 """Finished workloads read at start (the newest): far more than the model keeps per key."""
 
@@ -78,6 +85,8 @@ class Estimates:
         self._dearest = 0.0
         self._memo = Memo()
         self._written: dict[int, tuple[float | None, str]] = {}
+        """What the rows hold, as this loop wrote them."""
+        self._unwritten: list[dict[str, Any]] = []
 
     @property
     def forecast(self) -> Forecast | None:
@@ -133,6 +142,7 @@ class Estimates:
             )  # fmt: skip
             self._begun, self._signature, self._published = snapshot.now, signature, False
         self._advance(forecast, start)
+        self._flush(start)
         self.last_cost_s = self.timer() - start
 
     def _advance(self, forecast: Forecast, start: float) -> None:
@@ -149,23 +159,32 @@ class Estimates:
         self._credit -= spent
         if forecast.done and not self._published:
             self._published = True
-            self._write(forecast)
+            self._publish(forecast)
 
-    def _write(self, forecast: Forecast) -> None:
-        changed: list[dict[str, Any]] = []
-        found: dict[int, tuple[float | None, str]] = {}
+    def _publish(self, forecast: Forecast) -> None:
+        """Queues the writes of the estimates that moved (`_moved`) since written; `_flush` makes them."""
+        self.forecasts += 1
+        self._unwritten = []
         for label, est in forecast.estimates().items():
             wid = row_id(label)
-            found[wid] = value = (est.start, est.basis.value)
-            if self._written.get(wid) != value:
-                changed.append({"wid": wid, "at": value[0], "basis": value[1]})
-        self._written = found
-        self.forecasts += 1
-        if changed:
-            with self.sessions() as s:
-                for at in range(0, len(changed), CHUNK * 10):
-                    s.execute(_WRITE, changed[at : at + CHUNK * 10])
-                s.commit()
+            if _moved(self._written.get(wid), est.start, est.basis.value, forecast.now):
+                self._unwritten.append({"wid": wid, "at": est.start, "basis": est.basis.value})
+        self._unwritten.reverse()  # taken from the end: the first in queue order are written first
+
+    def _flush(self, start: float) -> None:
+        """Writes queued estimates, a chunk at least and more while the cycle's budget lasts: 100,000 rows (all
+        moved) take a few cycles rather than a second of one."""
+        if not self._unwritten:
+            return
+        with self.sessions() as s:
+            first = True
+            while self._unwritten and (first or self.timer() - start < self.budget_s):
+                first = False
+                chunk = self._unwritten[-WRITE_CHUNK:]
+                del self._unwritten[-WRITE_CHUNK:]
+                s.execute(_WRITE, chunk)
+                self._written.update((w["wid"], (w["at"], w["basis"])) for w in chunk)
+            s.commit()
 
     def _declared(self, snapshot: Snapshot) -> dict[str, float]:
         """The declared maximum durations of the snapshot's workloads, by core id (read only where one is set)."""
@@ -193,3 +212,11 @@ class Estimates:
             ended: Sequence[Any] = list(s.execute(query))
         for project_id, klass, started, finished in reversed(ended):  # observed in the order they ended
             self.model.observe(names.get(project_id, ""), klass, finished - started)
+
+
+def _moved(written: tuple[float | None, str] | None, start: float | None, basis: str, now: float) -> bool:
+    if written is None or written[1] != basis or (written[0] is None) != (start is None):
+        return True
+    if written[0] is None or start is None:
+        return False
+    return abs(start - written[0]) > max(MOVE_S, MOVE_SHARE * (written[0] - now))
