@@ -92,14 +92,23 @@ def org(
             "they change no decision but make a week's run several times longer.",
         ),
     ] = False,
+    followers: Annotated[
+        float,
+        typer.Option(
+            "--rightsizing-followers",
+            help="Percent of the jobs that get right-sizing advice whose users follow it: adds a regime "
+            "'rightsized' (gpupool, those jobs submitted with the advised request). 0: not run.",
+        ),
+    ] = 0.0,
 ) -> None:
-    """An organisation over time under three regimes: manual, quota and gpupool."""
+    """An organisation over time under three regimes: manual, quota and gpupool (and rightsized)."""
     import dataclasses
     import json
 
     from gpupool.sim.org import REGIMES, OrgSim
     from gpupool.sim.org_jobs import DAY, build
     from gpupool.sim.org_report import metrics, plot
+    from gpupool.sim.org_util import followed, rightsize
     from gpupool.sim.traces import TraceError, load_philly
 
     if gpus < 8 or gpus % 8:
@@ -108,21 +117,28 @@ def org(
     if not 0 < days <= 60:
         err.print("[red]error:[/] --days must be more than 0 and at most 60")
         raise typer.Exit(2)
+    if not 0 <= followers <= 100:
+        err.print("[red]error:[/] --rightsizing-followers must be a percent from 0 to 100")
+        raise typer.Exit(2)
     try:
         jobs = load_philly(trace)
     except TraceError as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     organisation = build(jobs, gpus, days, seed, start_day=start_day)
+    runs = [(name, regime, organisation) for name, regime in REGIMES.items()]
+    if followers > 0:
+        rightsized = dataclasses.replace(REGIMES["gpupool"], name="rightsized", estimates=False)
+        runs.append(("rightsized", rightsized, rightsize(organisation, followers, seed)))
     sims: dict[str, OrgSim] = {}
     horizon = days * DAY
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
     ) as bar:
-        for name, regime in REGIMES.items():
+        for name, regime, work in runs:
             regime = dataclasses.replace(regime, estimates=regime.estimates and estimates)
-            task = bar.add_task(f"{name:>8}", total=round(horizon / 3600))
-            sim = OrgSim(organisation, regime, gpus, horizon)
+            task = bar.add_task(f"{name:>10}", total=round(horizon / 3600))
+            sim = OrgSim(work, regime, gpus, horizon)
 
             def advance(now: float, task: TaskID = task) -> None:
                 bar.update(task, completed=round(now / 3600))
@@ -132,6 +148,9 @@ def org(
             sims[name] = sim
     out.mkdir(parents=True, exist_ok=True)
     results = {name: metrics(sim) for name, sim in sims.items()}
+    if followers > 0:
+        results["rightsized"]["rightsizing_followers_pct"] = followers
+        results["rightsized"]["rightsized_jobs"] = followed(organisation, sims["rightsized"].org)
     summary = {
         "trace": str(trace),
         "gpus": gpus,
@@ -145,7 +164,8 @@ def org(
     plot(sims, out / "utilisation.png")
     for name, m in results.items():
         typer.echo(
-            f"{name:>8}: {m['gpu_allocation_pct_while_waiting']:5.1f}% allocated while work waits, "
+            f"{name:>10}: {m['gpu_allocation_pct']:5.1f}% of GPU-hours allocated, {m['busy_gpu_pct']:5.1f}% busy, "
+            f"{m['gpu_allocation_pct_while_waiting']:5.1f}% allocated while work waits, "
             f"wait p50 {m['wait_p50_s']:.0f} s p95 {m['wait_p95_s']:.0f} s, mean JCT {m['mean_jct_s'] or 0:.0f} s, "
             f"{m['preemptions_per_100_jobs']} preemptions per 100 jobs"
         )

@@ -110,6 +110,8 @@ class Totals:
     busy_milli_s: float = 0.0
     waiting_s: float = 0.0
     allocated_while_waiting_milli_s: float = 0.0
+    by_kind: dict[str, list[float]] = field(default_factory=dict)
+    """Per workload type: [allocated, busy] milli-GPU-seconds."""
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
     """(time, allocated milli, busy milli) at each step, for the plot."""
 
@@ -269,8 +271,12 @@ class OrgSim:
         allocated = busy = 0
         for rec in self.running.values():
             milli = sum(d.milli for p in rec.placements for d in p.devices)
+            working = round(milli * _busy_share(rec.job, self.now, t))
             allocated += milli
-            busy += round(milli * _busy_share(rec.job, self.now, t))
+            busy += working
+            kind = self.totals.by_kind.setdefault(rec.job.kind, [0.0, 0.0])
+            kind[0] += milli * dt
+            kind[1] += working * dt
         self.totals.allocated_milli_s += allocated * dt
         self.totals.busy_milli_s += busy * dt
         if self.pending:

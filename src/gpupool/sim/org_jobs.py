@@ -12,6 +12,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
+from gpupool.sim.org_util import utilisation
 from gpupool.sim.traces import PhillyJob
 
 DAY = 86_400.0
@@ -41,7 +42,9 @@ class OrgJob:
     bursts: tuple[Burst, ...] = field(default_factory=tuple)
     """Notebooks: when the user is active (GPU busy); idle in between."""
     busy_fraction: float = 1.0
-    """Share of running time the GPU is busy, for work without bursts."""
+    """Share of running time the GPU is busy, for work without bursts (`org_util`)."""
+    peak_memory_share: float = 1.0
+    """Its peak GPU memory over what it holds (`org_util`), which right-sizing advice reads."""
     declared: float | None = None
     """The maximum duration its user declared (`declare`); None: none (services, and work longer than allowed)."""
 
@@ -103,7 +106,7 @@ def build(
             )
         )
     jobs = tuple(sorted(training + synthetic, key=lambda j: (j.submit, j.id)))
-    jobs = declare(jobs, seed)
+    jobs = utilisation(declare(jobs, seed), seed)
     demand: dict[str, float] = {}
     for job in jobs:
         demand[job.project] = demand.get(job.project, 0.0) + job.milli * min(job.work, horizon - job.submit)

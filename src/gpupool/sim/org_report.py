@@ -21,6 +21,15 @@ def metrics(sim: OrgSim) -> dict[str, Any]:
         "gpu_allocation_pct_while_waiting": _pct(t.allocated_while_waiting_milli_s, t.waiting_s * capacity),
         "gpu_allocation_pct": _pct(t.allocated_milli_s, sim.horizon * capacity),
         "busy_share_of_allocated_pct": _pct(t.busy_milli_s, t.allocated_milli_s),
+        "busy_gpu_pct": _pct(t.busy_milli_s, sim.horizon * capacity),
+        "busy_by_class": {
+            k: {
+                "gpu_allocation_pct": _pct(a, sim.horizon * capacity),
+                "busy_gpu_pct": _pct(b, sim.horizon * capacity),
+                "busy_share_of_allocated_pct": _pct(b, a),
+            }
+            for k, (a, b) in sorted(t.by_kind.items())
+        },
         "time_with_work_waiting_pct": _pct(t.waiting_s, sim.horizon),
         **_waits_and_jct(records, sim.horizon),
         "preemptions_per_100_jobs": round(100 * sum(r.preemptions for r in records) / max(1, len(records)), 2),
