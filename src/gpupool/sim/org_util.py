@@ -9,7 +9,8 @@ whose status is repeated here):
   reserved by jobs are fully idle 49% of the time for jobs shorter than 6 h and 25% for jobs longer than 24 h.
 - Alibaba PAI 2020, all instances (secondary: the affinode.io analysis of `pai_sensor_table`): GPU utilisation
   mean 10.5%, median 1.5%; 34.5% of instances average 0% and only 5% reach 50%. A whole platform with its idle
-  development instances: a floor the model's notebooks are checked against, not a per-job fit.
+  development instances: not fitted per job, a bound to compare with (the model's notebooks, the platform's
+  most idle work, are busy about 15% of the time they hold a GPU; the whole cluster's busy share stays above it).
 - Uptime Institute (UII 362, 2025): running models reach 35-45% of peak compute; used for services.
 
 The model, per job, drawn once from a generator of its own (so an organisation is the same with or without it):
