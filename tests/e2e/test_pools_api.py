@@ -66,8 +66,8 @@ def test_a_fraction_waits_beside_another_projects_until_the_pool_allows_sharing(
     nb = s.workload("nb")
     assert nb["state"] == "pending"
     assert nb["reason"] == (
-        "the only devices in any pool with 0.5 of a GPU free are shared with other projects; "
-        "pool default does not allow sharing a device across projects"
+        "it fits only on devices that other projects' shares hold, and pool default does not share a device "
+        "across projects"
     )
     assert "no-shareable-device" in s.cli("describe", "nb").stdout
 

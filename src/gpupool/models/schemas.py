@@ -9,7 +9,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 from gpupool.lifecycle.phases import AllocPhase, Phase
 from gpupool.models.rightsizing import RightsizingAdvice
@@ -235,9 +235,10 @@ class WorkloadPublic(Reply):
     reason_event: str = "queued"
     """The lifecycle's EventCode of its last step ("queued": waiting, reason_code is the PendingReason)."""
     reason_code: str | None
-    reason_args: dict[str, int | str] = Field(default_factory=dict)
+    reason_args: dict[str, JsonValue] = Field(default_factory=dict)
     """The numbers behind a scheduler reason, by name, in integer units (milli-GPU, millicores, MiB, seconds since
-    the epoch): gpupool.core.decision.Pending.args lists them per code. Empty for any other reason."""
+    the epoch) and names: gpupool.core.decision.Pending.args lists them per code. Empty for any other reason.
+    Typed as any JSON value so a client reads what a later server adds."""
     reason_short: str = ""
     """A few words of `reason` for a list."""
     node: str | None
