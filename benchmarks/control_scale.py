@@ -60,7 +60,7 @@ GPUS_PER_NODE = 8
 GPU_MEMORY_MIB = 80 * 1024
 POOL = "default"
 PROJECTS = 10
-CONTROL_STEPS = ("reconcile", "policies", "telemetry", "snapshot", "schedule", "persist", "commit", "act")
+CONTROL_STEPS = ("reconcile", "policies", "telemetry", "snapshot", "schedule", "persist", "commit", "act", "estimates")
 CORE_STEPS = ("open", "stale_gangs", "allocate", "reclaim", "preempt", "consolidate", "explain")
 
 
