@@ -91,3 +91,14 @@ def test_a_forecast_spread_over_cycles_by_its_budget_gives_the_same_estimate(c: 
     assert forecast is not None
     assert (cycles, forecast.steps) == (3, 3)
     assert c.row("waiter").eta == started + 1200.0
+
+
+def test_no_forecast_is_made_while_more_work_waits_than_the_cap(c: Cluster) -> None:
+    estimates = c.controller.estimates
+    estimates.max_pending = 0  # one waiter is more than the cap
+    hog_and_waiter(c)
+    c.cycle()
+    assert (estimates.forecasts, estimates.forecast, c.row("waiter").eta) == (0, None, None)
+    estimates.max_pending = 1
+    c.cycle(advance=60.0)
+    assert estimates.forecasts == 1 and c.row("waiter").eta is not None
