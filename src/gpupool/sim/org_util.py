@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpupool.core import MILLI
-from gpupool.services.rightsizing import Grant, Observed, advise
+from gpupool.core.rightsizing import Grant, Observed, advise
 
 if TYPE_CHECKING:
     from gpupool.sim.org_jobs import Organisation, OrgJob
