@@ -14,7 +14,7 @@ from gpupool.lifecycle.phases import Phase
 from tests.observability.harness import cluster
 
 CONTROL_STEPS = ("reconcile", "telemetry", "policies", "snapshot", "schedule", "persist", "commit", "act",
-                 "commit_events")  # fmt: skip
+                 "commit_events", "estimates")  # fmt: skip
 CORE_STEPS = ("open", "stale_gangs", "allocate", "reclaim", "preempt", "explain")
 
 
