@@ -6,6 +6,10 @@ const main = document.getElementById("main");
 const TYPES = ["notebook", "training", "inference", "batch"];
 let me = null;
 let timer = null;
+// Bumped on every route: a page whose data arrives after the user has moved on must not draw over the new page.
+let view = 0;
+class Stale extends Error {}
+function show(mine, ...nodes) { if (mine !== view) throw new Stale("moved on"); main.replaceChildren(...nodes); }
 
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 const token = () => sessionStorage.getItem("gpupool-token");
@@ -95,9 +99,9 @@ async function ssoExchange() {
 }
 
 // ---- my workloads -------------------------------------------------------------------------------------------
-async function workloadsPage() {
+async function workloadsPage(mine) {
   const projects = await api("/api/v1/projects");
-  main.replaceChildren(el(`<div>
+  show(mine, el(`<div>
     <section><h2>Start a workload</h2>
       <div class="templates">${TYPES.map((t) => `<button class="secondary" data-template="${t}">${{ notebook: "Jupyter notebook", training: "Training", inference: "Inference service", batch: "Batch sweep" }[t]}</button>`).join("")}</div>
       <div id="form"></div></section>
@@ -105,7 +109,7 @@ async function workloadsPage() {
       <div id="detail"></div></section></div>`));
   main.querySelectorAll("[data-template]").forEach((b) => { b.onclick = () => showForm(b.dataset.template, projects); });
   await refreshList();
-  timer = setInterval(refreshList, 2000);
+  if (mine === view) timer = setInterval(refreshList, 2000);
 }
 
 async function showForm(type, projects) {
@@ -271,7 +275,7 @@ function barChart(rows, bars, { width = 900 } = {}) {
 }
 
 // ---- cluster ---------------------------------------------------------------------------------------------
-async function clusterPage() {
+async function clusterPage(mine) {
   const [nodes, timeline] = await Promise.all([api("/api/v1/nodes"), api("/api/v1/reports/timeline")]);
   const map = el(`<section><h2>GPU map</h2><div class="grid" id="gpu-map"></div></section>`);
   for (const n of nodes) {
@@ -292,11 +296,11 @@ async function clusterPage() {
     { label: "allocated", color: "#2f6fde", get: (p) => p.allocated_gpus },
     { label: "busy", color: "#1f9d55", get: (p) => p.busy_gpus },
   ]));
-  main.replaceChildren(map, over);
+  show(mine, map, over);
 }
 
 // ---- quotas ----------------------------------------------------------------------------------------------
-async function quotasPage() {
+async function quotasPage(mine) {
   const shares = await api("/api/v1/shares");
   const admin = me.role === "admin";
   const sec = el(`<section><h2>Quotas</h2><table id="quotas"><thead><tr><th>Department / project</th><th>Pool</th><th>Deserved</th><th>Fair share</th><th>In use</th><th>Limit</th><th>Pending demand</th>${admin ? "<th></th>" : ""}</tr></thead><tbody></tbody></table><p id="quota-err" class="error"></p></section>`);
@@ -323,11 +327,11 @@ async function quotasPage() {
     { label: "in use", color: "#2f6fde", get: (r) => r.allocated },
     { label: "deserved, unused", color: "#c7d7f5", get: (r) => Math.max(0, r.deserved - r.allocated) },
   ]));
-  main.replaceChildren(sec, chart);
+  show(mine, sec, chart);
 }
 
 // ---- waste -----------------------------------------------------------------------------------------------
-async function wastePage() {
+async function wastePage(mine) {
   const end = Date.now() / 1000;
   const [running, suspended, timeline, day] = await Promise.all([
     api("/api/v1/workloads?state=running&limit=1000"), api("/api/v1/workloads?state=suspended&limit=1000"), api("/api/v1/reports/timeline"),
@@ -343,16 +347,16 @@ async function wastePage() {
   over.append(lineChart(timeline, [{ label: "allocated but idle", color: "#e0a100", get: (p) => Math.max(0, p.allocated_gpus - p.busy_gpus) }]));
   const byProject = el(`<section><h2>Idle-allocated GPU-hours by project, last 24 hours</h2></section>`);
   byProject.append(day.lines.length ? barChart(day.lines, [{ label: "idle-allocated GPU-hours", color: "#e0a100", get: (l) => l.idle_gpu_hours }]) : el(`<p class="reason">No usage yet.</p>`));
-  main.replaceChildren(now, pol, over, byProject);
+  show(mine, now, pol, over, byProject);
 }
 
 // ---- costs -----------------------------------------------------------------------------------------------
-async function costsPage() {
+async function costsPage(mine) {
   const sec = el(`<section><h2>Costs</h2>
     <label><span>Period</span><select name="period"><option value="86400">last 24 hours</option><option value="604800">last 7 days</option><option value="2592000">last 30 days</option></select></label>
     <label><span>By</span><select name="by"><option>department</option><option selected>project</option><option>user</option></select></label>
     <div id="report"></div></section>`);
-  main.replaceChildren(sec);
+  show(mine, sec);
   const draw = async () => {
     const end = Date.now() / 1000, start = end - Number(sec.querySelector("[name=period]").value);
     const by = sec.querySelector("[name=by]").value;
@@ -374,11 +378,14 @@ const PAGES = { workloads: workloadsPage, cluster: clusterPage, quotas: quotasPa
 
 async function route() {
   clearInterval(timer);
+  const mine = ++view;
   const page = location.hash.replace("#/", "").split("?")[0] || "workloads";
   if (page === "sso") { await ssoExchange(); return; }
   if (!token() || !me) { if (token()) { try { await start(); } catch (e) { loginPage(); } return; } loginPage(); return; }
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === page));
-  try { await (PAGES[page] || workloadsPage)(); } catch (e) { if (e.message !== "signed out") main.replaceChildren(el(`<p class="error">${esc(e.message)}</p>`)); }
+  try { await (PAGES[page] || workloadsPage)(mine); } catch (e) {
+    if (!(e instanceof Stale) && e.message !== "signed out" && mine === view) main.replaceChildren(el(`<p class="error">${esc(e.message)}</p>`));
+  }
 }
 
 async function start() {
