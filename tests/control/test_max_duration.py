@@ -42,6 +42,6 @@ def test_a_workload_past_its_max_duration_is_stopped_once_with_the_reason(c: Clu
     assert [(e["reason_code"], e["args"]) for e in stops] == [
         (StopReason.MAX_RUNTIME, {"ran_s": 61.0, "limit_s": 60.0, "declared": True})
     ]
-    assert stops[0]["reason"] == "ran for 1m1s (limit 1m); stopping"
+    assert stops[0]["reason"] == "ran for 1m1s (its max duration 1m); stopping"
     assert [e["code"] for e in d["events"]][-1] == EventCode.FAILED
-    assert d["events"][-1]["reason"] == "stopped by policy: ran for 1m1s (limit 1m)"
+    assert d["events"][-1]["reason"] == "stopped by policy: ran for 1m1s (its max duration 1m)"

@@ -62,7 +62,8 @@ def stop_cause(reason: str | None, args: Mapping[str, Any]) -> str:
     if reason == StopReason.IDLE:
         return f"idle for {duration(args.get('idle_s', 0))} (limit {duration(args.get('limit_s', 0))})"
     if reason == StopReason.MAX_RUNTIME:
-        return f"ran for {duration(args.get('ran_s', 0))} (limit {duration(args.get('limit_s', 0))})"
+        bound = "its max duration" if args.get("declared") else "limit"
+        return f"ran for {duration(args.get('ran_s', 0))} ({bound} {duration(args.get('limit_s', 0))})"
     if reason == StopReason.MEMBER_FAILED:
         return f"member {args.get('member', '?')} exited with {_exit(args.get('exit_code'))}"
     if reason == StopReason.NODE_LOST:
