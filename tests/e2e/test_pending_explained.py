@@ -86,3 +86,35 @@ def test_work_over_its_projects_limit_says_so_with_its_eta_and_its_start_records
     # The one behind it is next, and still over vision's limit, now held by the waiter.
     following: dict[str, Any] = s.workload("next")
     assert (following["reason_code"], following["position"]) == ("over-limit", {"project": 1, "project_queued": 1})
+
+
+def test_work_waiting_for_a_lower_priority_jobs_minimum_runtime_says_until_when(
+    make_server: Callable[..., Server],
+) -> None:
+    # Training's minimum runtime at 25 hours: a day or more ahead the CLI says the wait in days and hours.
+    s = make_server("fake:1xH100-80GB", "--min-runtime", "training=90000")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    s.cli("submit", "-p", "vision", "--name", "train", "--gpus", "1", "--", *SPIN)
+    train = s.wait_state("train", "running")
+    s.cli("submit", "-p", "vision", "--name", "svc", "--priority", "production", "--gpus", "1", "--", *SPIN)
+
+    until = train["started_at"] + 90000
+    svc = wait_for(lambda: (w := s.workload("svc"))["eta"] and w, 60, "svc's estimate")
+    # A GPU of its own project's preemptible training job would make room, once that job has run its minimum.
+    assert (svc["state"], svc["reason_code"]) == ("pending", "min-runtime")
+    # The core names a workload by its label, its name quoted (gpupool.store.snapshot), in arguments too.
+    assert svc["reason_args"] == {"until": int(until), "victim": "'train'", "project": "vision", "gpu_milli": 1000}
+    at = datetime.fromtimestamp(int(until), UTC).strftime("%Y-%m-%d %H:%M:%S")
+    reason = (
+        f"waiting for 'train' of project vision to pass its minimum runtime at {at} UTC; then its 1 GPUs may be taken"
+    )
+    assert (svc["reason"], svc["reason_short"]) == (reason, f"min runtime of 'train' until {at[11:16]} UTC")
+    assert svc["position"] == {"project": 1, "project_queued": 1}
+    # It starts when the minimum runtime ends: nothing waits for an end of running work (basis "declared").
+    assert (datetime.fromisoformat(svc["eta"]), svc["eta_basis"]) == (datetime.fromtimestamp(until, UTC), "declared")
+
+    text = described(s, "svc")
+    assert (text["State"], text["Reason"]) == ("pending", f"{reason} [min-runtime]")
+    assert text["Numbers"] == f"until={int(until)} victim='train' project=vision gpu_milli=1000"
+    assert text["Position"] == "1 of 1 in project vision's queue (by priority, then submit time)"
+    assert text["ETA"] == f"{local(until)}, in 1d0h ({DECLARED})"
