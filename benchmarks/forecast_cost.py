@@ -3,10 +3,9 @@ steady cluster with `--pending` workloads waiting (100,000 by default).
 
 Builds the cluster, organisation and nearly full steady state exactly as `scheduler_scale.py` does (same seed,
 same generator), adds the pending workloads, then measures one `schedule()` (the cycle the estimates ride on)
-and a forecast from that snapshot step by step: the time of each step (what a control plane that advances the
-forecast one step per cycle adds to a cycle), the steps and total time to finish, and how many pending
-workloads got a time. Runtimes come from a runtime model fed with seeded lognormal runtimes per project and
-class (median 1 h), capped by a declared maximum for a third of the workloads.
+and a forecast from that snapshot (`estimate_cost.py`): forked as the live loop runs it (what the fork and the
+read-back cost the loop, and how long the child takes), and step by step (what a loop without fork that spreads
+the steps over its cycles pays), and how many pending workloads got a time.
 
 Progress goes to stdout; the last line is one JSON object. One core (pinned where the platform allows).
 
@@ -20,19 +19,16 @@ import argparse
 import dataclasses
 import gc
 import json
-import math
 import platform
 import random
-import statistics
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from estimate_cost import measure
 from gpupool.core import SchedulerConfig, Snapshot, State, schedule
-from gpupool.core.forecast import Forecast, Limits, runtimes_for
-from gpupool.core.placement.memo import Memo
-from gpupool.core.runtime_model import RuntimeModel
+from gpupool.core.forecast import Limits
 from gpupool.sim.apply import apply_decision
 from gpupool.sim.pools import shared_pools
 from scheduler_scale import (
@@ -42,19 +38,6 @@ from scheduler_scale import (
     pin_one_core,
     warm_up,
 )
-
-HISTORY_PER_KEY = 32
-MEDIAN_RUNTIME_S = 3600.0
-DECLARED_SHARE = 1 / 3
-
-
-def history(projects: Sequence[str], classes: Sequence[str], rng: random.Random) -> RuntimeModel:
-    model = RuntimeModel()
-    for project in projects:
-        for cls in classes:
-            for _ in range(HISTORY_PER_KEY):
-                model.observe(project, cls, rng.lognormvariate(math.log(MEDIAN_RUNTIME_S), 1.0))
-    return model
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,43 +57,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     running = sum(1 for w in snapshot.workloads if w.state is State.RUNNING)
     log(f"steady: {running} running, {args.pending} pending")
 
-    model = history(factory.projects, ["production", "training", "interactive", "batch"], rng)
-    declared = {w.id: rng.choice((4, 8, 24, 72)) * 3600.0 for w in snapshot.workloads if rng.random() < DECLARED_SHARE}
-    t0 = time.perf_counter()
-    runtimes = runtimes_for(snapshot, model, declared)
-    runtimes_s = time.perf_counter() - t0
-
-    memo = Memo()
     gc.collect()
     t0 = time.perf_counter()
-    schedule(snapshot, config, memo=memo)
+    schedule(snapshot, config)
     cycle_s = time.perf_counter() - t0
-    log(f"schedule(): {cycle_s:.3f}s; runtimes for {len(runtimes)} workloads: {runtimes_s:.3f}s")
-
-    limits = Limits(max_steps=args.max_steps)
-    f = Forecast(snapshot, runtimes, config, limits, memo)
-    steps: list[float] = []
-    more = True
-    while more:
-        t0 = time.perf_counter()
-        more = f.step()
-        steps.append(time.perf_counter() - t0)
-        log(f"step {len(steps)}: {steps[-1]:.3f}s, ahead {f.at - snapshot.now:.0f}s")
-    estimates = f.estimates()
-    timed = sum(1 for e in estimates.values() if e.start is not None)
+    log(f"schedule(): {cycle_s:.3f}s")
+    forecast = measure(snapshot, config, factory.projects, rng, limits=Limits(max_steps=args.max_steps), log=log)
     result: dict[str, Any] = {
         "nodes": args.nodes,
         "running": running,
         "pending": args.pending,
         "schedule_s": round(cycle_s, 4),
-        "runtimes_s": round(runtimes_s, 4),
-        "forecast_steps": f.steps,
-        "forecast_cycles": f.cycles,
-        "forecast_total_s": round(sum(steps), 3),
-        "forecast_step_p50_s": round(statistics.median(steps), 4),
-        "forecast_step_max_s": round(max(steps), 4),
-        "estimates": len(estimates),
-        "estimates_with_time": timed,
+        "forecast": forecast,
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "max_steps": args.max_steps,
         "seed": args.seed,

@@ -4,7 +4,10 @@ Builds an empty cluster of `--nodes` 8-GPU nodes in three pools, a 10 x 10 depar
 per-pool quotas, and a seeded random workload mix, then measures:
 
 * fill: one `schedule()` over `--pending` workloads on the empty cluster (placements per second);
-* steady: one `schedule()` on a nearly full cluster (about 20 running and 10 new pending per node).
+* steady: one `schedule()` on a nearly full cluster (about 20 running and 10 new pending per node);
+* estimates: the start-time forecast from the steady snapshot, spread over cycles as the live loop spreads it
+  (`estimate_cost.py`): forked, as the live loop runs it, and stepped in the loop, as where there is no fork; the
+  steady cycle target is checked with the forked forecast's dearest cycle cost added.
 
 Progress goes to stdout as plain lines; the last line is one JSON object with the figures. Every figure
 is measured on one core (the process is pinned when the platform allows), with `time.perf_counter`, and
@@ -35,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from estimate_cost import measure
 from gpupool.core import (
     MILLI,
     Decision,
@@ -391,6 +395,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"stats {dict(sorted(steady.stats.items()))}; steps {fmt_steps(steady_steps)}"
     )
 
+    # The live loop forecasts start times after each cycle under a time budget; what that adds to a cycle.
+    log("estimates: the forecast from the steady snapshot, spread over cycles as the live loop spreads it")
+    estimates = measure(snapshot, config, factory.projects, random.Random(args.seed + 1), log=log)
+    # The live default forks: the dearer of the cycle that starts the forecast and the one that reads it back.
+    with_estimates = steady_s + estimates["forked"]["per_cycle_max_s"]
+    log(
+        f"estimates, forked: {estimates['forked']['per_cycle_max_s']:.3f}s at most a cycle, done in "
+        f"{estimates['forked']['wall_s']:.1f}s; stepped in the loop: {estimates['total_s']:.3f}s in all over "
+        f"{estimates['cycles_to_finish']} cycles, {estimates['per_cycle_mean_s']:.3f}s a cycle (max "
+        f"{estimates['per_cycle_max_s']:.3f}s); steady cycle with estimates {with_estimates:.3f}s"
+    )
+
     decision_hash = hashlib.sha256((fill.digest() + steady.digest()).encode()).hexdigest()
     result: dict[str, Any] = {
         "placements_per_s": round(placements_per_s, 1),
@@ -403,6 +419,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "steady_binds": len(steady.binds),
         "steady_evictions": len(steady.evictions),
         "steady_steps_s": {k: round(v, 4) for k, v in steady_steps.items()},
+        "estimates": estimates,
+        "steady_cycle_with_estimates_s": round(with_estimates, 4),
+        "steady_cycle_with_stepped_estimates_s": round(steady_s + estimates["per_cycle_mean_s"], 4),
+        "steady_cycle_with_stepped_estimates_max_s": round(steady_s + estimates["per_cycle_max_s"], 4),
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "decision_hash": decision_hash,
         "nodes": args.nodes,
@@ -414,7 +434,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     result["meets_targets"] = {
         "placements_per_s": result["placements_per_s"] >= TARGETS["placements_per_s"],
-        "steady_cycle_s": result["steady_cycle_s"] <= TARGETS["steady_cycle_s"],
+        "steady_cycle_s": result["steady_cycle_with_estimates_s"] <= TARGETS["steady_cycle_s"],
         "peak_rss_mib": result["peak_rss_mib"] <= TARGETS["peak_rss_mib"],
     }
     return result

@@ -49,6 +49,7 @@ def test_a_queued_job_behind_one_with_a_max_duration_gets_its_eta_and_its_start_
     _ok(c, "POST", "/api/v1/projects", {"name": "vision", "deserved_gpus": 4})
     # Each forecast within the cycle that starts it, however loaded the machine (the budget is wall-clock time;
     # spreading one over cycles is tests/control/test_estimates.py's).
+    c.controller.estimates.forked = False  # stepped in the loop (the forked forecast is test_estimates.py's)
     c.controller.estimates.budget_s = 600.0
     started = hog_and_waiter(c, max_duration_s=3600)
     c.cycle()

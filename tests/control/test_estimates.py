@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.control.forecast_process import ForecastProcess
 from gpupool.lifecycle.phases import Phase
 from gpupool.store.tables import QueueRow, UserRow, WorkloadRow
 from tests.api.test_pending_reasons import _ok
@@ -65,7 +66,8 @@ def hog_and_waiter(c: Cluster, **hog_fields: object) -> float:
 
 
 def test_runtimes_of_finished_work_give_the_estimate_which_is_written_without_a_new_version(c: Cluster) -> None:
-    c.controller.estimates.budget_s = 600.0  # each forecast within one cycle, however loaded the machine
+    c.controller.estimates.forked = False  # stepped in the loop: each forecast within the cycle that starts it
+    c.controller.estimates.budget_s = 600.0  # however loaded the machine
     started = hog_and_waiter(c)
     c.cycle()
     row = c.row("waiter")
@@ -82,6 +84,7 @@ def test_runtimes_of_finished_work_give_the_estimate_which_is_written_without_a_
 def test_a_forecast_spread_over_cycles_by_its_budget_gives_the_same_estimate(c: Cluster) -> None:
     started = hog_and_waiter(c)
     estimates = c.controller.estimates
+    estimates.forked = False
     estimates.timer = Ticks(0.04)  # a step costs 0.04 s of a cycle's 0.1 s: one step a cycle
     cycles = 0
     while estimates.forecasts == 0:
@@ -96,6 +99,7 @@ def test_a_forecast_spread_over_cycles_by_its_budget_gives_the_same_estimate(c: 
 
 def test_no_forecast_is_made_while_more_work_waits_than_the_cap(c: Cluster) -> None:
     estimates = c.controller.estimates
+    estimates.forked = False  # the cap is the stepped forecast's: a forked one costs the loop no steps
     estimates.budget_s = 600.0  # a forecast within one cycle, however loaded the machine
     estimates.max_pending = 0  # one waiter is more than the cap
     hog_and_waiter(c)
@@ -104,3 +108,32 @@ def test_no_forecast_is_made_while_more_work_waits_than_the_cap(c: Cluster) -> N
     estimates.max_pending = 1
     c.cycle(advance=60.0)
     assert estimates.forecasts == 1 and c.row("waiter").eta is not None
+
+
+def test_a_forecast_in_a_child_process_gives_the_estimate_the_loop_would_and_stops_with_the_loop(c: Cluster) -> None:
+    estimates = c.controller.estimates
+    assert estimates.forked  # the default where the platform forks
+    estimates.max_pending = 0  # the stepped forecast's cap does not hold a forked one back
+    started = hog_and_waiter(c)
+    c.cycle()
+    child = estimates.forecast
+    assert isinstance(child, ForecastProcess)
+    c.until(lambda: c.row("waiter").eta is not None, "the child's estimate to be written")
+    row = c.row("waiter")
+    assert (row.eta, row.eta_basis, estimates.forecasts, estimates.failures) == (started + 1200.0, "history", 1, 0)
+    assert (child.done, child.failed, child.pid) == (True, False, 0)  # reaped
+
+
+def test_a_forecast_child_past_its_time_is_killed_and_writes_nothing_and_the_next_one_does(c: Cluster) -> None:
+    estimates = c.controller.estimates
+    estimates.timeout_s = 0.0
+    started = hog_and_waiter(c)
+    c.cycle()
+    child = estimates.forecast
+    assert isinstance(child, ForecastProcess)
+    assert (child.done, child.failed, child.pid, estimates.failures, estimates.forecasts) == (True, True, 0, 1, 0)
+    assert c.row("waiter").eta is None
+    estimates.timeout_s = 600.0
+    c.cycle(advance=60.0)  # the refresh is due
+    c.until(lambda: c.row("waiter").eta is not None, "the next child's estimate")
+    assert (c.row("waiter").eta, estimates.failures, estimates.forecasts) == (started + 1200.0, 1, 1)

@@ -140,6 +140,7 @@ class Controller:
 
     def stop(self) -> None:
         self.loop.stop()
+        self.estimates.close()
         self.read_again()
 
     def read_again(self) -> None:

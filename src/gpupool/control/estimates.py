@@ -1,19 +1,17 @@
 """Start-time estimates for queued work, kept by the scheduler loop: the core's forecast (gpupool.core.forecast)
 run forward from a cycle's own snapshot, a few steps after each cycle, and written to the queued rows when done.
 
-Cost. After every cycle the loop hands `after_cycle` its snapshot; the forecast in progress takes steps while
-the time it has been granted lasts: `budget_s` (100 ms) more per cycle, kept up to the cost of the dearest step
+Cost. After every cycle the loop hands `after_cycle` its snapshot. Where the platform can fork (`forked`, the
+default), a new forecast runs whole in a forked child (`forecast_process`): the cycle pays the fork (10-20 ms at
+30,000 workloads) and, when the child is done, reading its result back; the forecast's own seconds run on
+another core, off the interpreter the requests share, so no cap on the queue is needed. A child past `timeout_s`
+is killed and counts in `failures`. Without fork, the forecast in progress takes steps in the loop while the
+time it has been granted lasts: `budget_s` (100 ms) more per cycle, kept up to the cost of the dearest step
 seen, so a step that costs more than a cycle's budget is taken once every few cycles and the loop spends on
-average about `budget_s` a cycle on estimates. A forecast takes at most `Limits.max_steps` (64) steps: on a small
-cluster it is done within a cycle (5,000 pending: 54 ms a cycle); at 100,000 pending (benchmarks/control_scale.py
-on 2 shared cores) a forecast costs 0.37 s to begin and 0.6 s a step, taken every 6 cycles or so, so estimates
-there are refreshed only every several minutes, and the cycle that takes a step is that much longer (steady
-cycle p50 1.19 s with estimates, 1.18 s without; max 1.81 s, 1.34 s without). A new forecast starts when the last
-is done and the queue changed (work submitted, bound, evicted or gone) or `refresh_s` (60 s) has passed.
-Above `max_pending` (20,000) queued no forecast is made: at 100,000 its steps, though averaged within the budget,
-took the steady cycle's p50 from 0.75-0.94 s to 0.81-1.06 s and cancel's p99 past 100 ms while they ran (the
-steps hold the interpreter the requests share); the estimates written before stay until a forecast is made
-again. A forecast in a process of its own is what would lift the cap. Its
+average about `budget_s` a cycle on estimates; a step costs about a cycle of the core (0.6 s at 100,000
+pending), so the cycle that takes one is that much longer, and above `max_pending` (20,000) queued no forecast
+is made that way. A forecast takes at most `Limits.max_steps` (64) steps. A new forecast starts when the last
+is done and the queue changed (work submitted, bound, evicted or gone) or `refresh_s` (60 s) has passed. Its
 results are written only where a row's estimate moved (by more than a minute or a tenth of the wait), a few
 thousand rows at least and more while the cycle's budget lasts, without stamping the rows' versions (as a
 waiting reason is written, gpupool.store.changes): nobody needs to read the rows again for it.
@@ -25,6 +23,7 @@ snapshot, the runtimes observed (in order of their end) and the declared duratio
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpupool.control.forecast_process import FORKED, ForecastProcess
 from gpupool.core import Decision, SchedulerConfig
 from gpupool.core.forecast import Forecast, Limits, runtimes_for
 from gpupool.core.model import Snapshot, State
@@ -42,6 +42,8 @@ from gpupool.lifecycle.phases import ACTIVE, QUEUED, TERMINAL
 from gpupool.store.changes import WORKLOADS
 from gpupool.store.snapshot import core_id, row_id
 from gpupool.store.tables import EventRow, QueueRow, WorkloadRow
+
+log = logging.getLogger("gpupool.control")
 
 BUDGET_S = 0.1
 """Seconds of the loop's time per cycle, on average, for estimates (0: none are made)."""
@@ -55,6 +57,8 @@ MOVE_S = 60.0
 MOVE_SHARE = 0.1
 """An estimate is written again only when it moved by more than this or this share of the wait it forecasts:
 a refresh at 100,000 pending rewrites what moved, not every row whose time shifted by a step."""
+TIMEOUT_S = 600.0
+"""A forecast in a child that has not finished by then is killed (it is bounded by its steps; this is a guard)."""
 HISTORY = 50_000
 """Finished workloads read at start (the newest): far more than the model keeps per key."""
 
@@ -77,8 +81,14 @@ class Estimates:
         max_pending: int = MAX_PENDING,
         limits: Limits | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        forked: bool = FORKED,
+        timeout_s: float = TIMEOUT_S,
     ) -> None:
         self.sessions, self.config, self.limits = sessions, config, limits
+        self.forked, self.timeout_s = forked, timeout_s
+        """Forecasts run in a forked child (`forecast_process`); False: stepped here within the budget."""
+        self.failures = 0
+        """Forecasts whose child failed or ran out of time (none written; the next is made as usual)."""
         self.budget_s, self.refresh_s, self.timer = budget_s, refresh_s, timer
         self.max_pending = max_pending
         self.model = RuntimeModel()
@@ -87,7 +97,7 @@ class Estimates:
         self.last_cost_s = 0.0
         """Seconds the last cycle spent on estimates (stepping and writing)."""
         self._history_read = False
-        self._forecast: Forecast | None = None
+        self._forecast: Forecast | ForecastProcess | None = None
         self._published = False
         self._begun = 0.0
         self._signature: tuple[int, ...] = ()
@@ -99,7 +109,7 @@ class Estimates:
         self._unwritten: list[dict[str, Any]] = []
 
     @property
-    def forecast(self) -> Forecast | None:
+    def forecast(self) -> Forecast | ForecastProcess | None:
         """The forecast in progress, or the last one made (None while no work waits)."""
         return self._forecast
 
@@ -136,7 +146,7 @@ class Estimates:
                     self.model.observe(
                         projects.get(row.project_id, ""), row.priority_class, row.finished_at - row.started_at
                     )
-        if len(decision.pending) > self.max_pending:
+        if len(decision.pending) > self.max_pending and not self.forked:
             self._forecast = None
             self._flush(start)
             self.last_cost_s = self.timer() - start
@@ -150,13 +160,22 @@ class Estimates:
                 self._forecast = None
                 self.last_cost_s = self.timer() - start
                 return
-            self._memo.bound()
-            forecast = self._forecast = Forecast(
-                snapshot, runtimes_for(snapshot, self.model, self._declared(snapshot)), self.config, self.limits,
-                self._memo,
-            )  # fmt: skip
+            declared = self._declared(snapshot)
+            if self.forked:
+                limits = self.limits or Limits()
+                forecast = ForecastProcess(
+                    snapshot, self.model, declared, self.config, limits, timeout_s=self.timeout_s
+                )
+            else:
+                self._memo.bound()
+                runtimes = runtimes_for(snapshot, self.model, declared)
+                forecast = Forecast(snapshot, runtimes, self.config, self.limits, self._memo)
+            self._forecast = forecast
             self._begun, self._signature, self._published = snapshot.now, signature, False
-        self._advance(forecast, start)
+        if isinstance(forecast, ForecastProcess):
+            self._collect(forecast)
+        else:
+            self._advance(forecast, start)
         self._flush(start)
         self.last_cost_s = self.timer() - start
 
@@ -176,7 +195,21 @@ class Estimates:
             self._published = True
             self._publish(forecast)
 
-    def _publish(self, forecast: Forecast) -> None:
+    def _collect(self, forecast: ForecastProcess) -> None:
+        if forecast.poll() and not self._published:
+            self._published = True
+            if forecast.failed:
+                self.failures += 1
+                log.warning("a start-time forecast failed or ran past %.0f s; none written", self.timeout_s)
+            else:
+                self._publish(forecast)
+
+    def close(self) -> None:
+        """Stops a forecast still running in a child (the loop is stopping)."""
+        if isinstance(self._forecast, ForecastProcess):
+            self._forecast.close()
+
+    def _publish(self, forecast: Forecast | ForecastProcess) -> None:
         """Queues the writes of the estimates that moved (`_moved`) since written; `_flush` makes them."""
         self.forecasts += 1
         self._unwritten = []
