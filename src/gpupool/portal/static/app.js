@@ -173,7 +173,7 @@ async function refreshList() {
       <td><span class="state ${esc(w.state)}">${esc(w.state)}</span><div class="reason" title="${esc(w.reason)}">${esc(QUEUED.includes(w.state) ? w.reason_short || w.reason : w.reason)}</div></td>
       <td>${esc(w.gpu_request)}${w.node ? `<div class="reason">${esc(w.node)}: ${w.devices.join(",")}</div>` : ""}</td>
       <td>${w.gpu_util_pct === null ? "–" : `<span class="bar"><i style="width:${Number(w.gpu_util_pct)}%"></i></span> ${Number(w.gpu_util_pct)}%`}</td>
-      <td>${eta(w)}</td><td>${age(w.created_at)}</td><td class="actions"></td></tr>`);
+      <td class="eta">${eta(w)}</td><td>${age(w.created_at)}</td><td class="actions"></td></tr>`);
     const actions = tr.querySelector(".actions");
     const add = (label, cls, fn) => { const b = el(`<button class="${cls}">${label}</button>`); b.onclick = fn; actions.append(b, " "); };
     if ((w.type === "notebook" || w.type === "inference") && w.state === "running") add("Open", "", () => openWorkload(w));
@@ -210,6 +210,29 @@ async function showWhy(w) {
     <p class="why-reason">${esc(d.reason)}${d.reason_code ? ` <code>${esc(d.reason_code)}</code>` : ""}</p>
     ${numbers ? `<p class="reason why-numbers">${numbers}</p>` : ""}
     ${where ? `<p class="why-position">Position: ${where} (by priority, then submit time)</p>` : ""}</section>`));
+  const advice = adviceLine(d);
+  if (advice) box.querySelector("#why").append(advice);
+}
+
+// Right-sizing advice from its telemetry (the server's rule: gpupool.services.rightsizing), as `describe` words it.
+function adviceLine(d) {
+  if (!d.rightsizing) return null;
+  const p = el(`<p class="advice" id="advice"><strong>Right-size:</strong> </p>`);
+  p.append(flagged(d.rightsizing.message));
+  return p;
+}
+
+// A server message with `--flags` in backticks: the flags as code, every part a text node.
+function flagged(message) {
+  const out = document.createDocumentFragment();
+  String(message).split("`").forEach((part, i) => {
+    if (!part) return;
+    if (i % 2 === 0) { out.append(document.createTextNode(part)); return; }
+    const code = document.createElement("code");
+    code.textContent = part;
+    out.append(code);
+  });
+  return out;
 }
 
 const ref = (w) => `/api/v1/workloads/${encodeURIComponent(w.name)}?project=${encodeURIComponent(w.project)}`;
@@ -233,7 +256,11 @@ async function openWorkload(w) {
 async function showLogs(w) {
   const box = document.getElementById("detail");
   const pre = el(`<pre class="logs" id="logs"></pre>`);
-  box.replaceChildren(el(`<h3>Logs of ${esc(w.name)}</h3>`), pre);
+  const head = el(`<h3>Logs of ${esc(w.name)}</h3>`);
+  box.replaceChildren(head, pre);
+  // Its advice above its logs, once known; the logs do not wait for it, nor fail without it.
+  api(ref(w)).then((d) => { const advice = adviceLine(d); if (advice && document.body.contains(pre)) head.after(advice); })
+    .catch(() => { /* the logs stand alone */ });
   let offset = 0;
   const poll = async () => {
     if (!document.body.contains(pre)) return;
@@ -333,9 +360,9 @@ async function quotasPage(mine) {
 // ---- waste -----------------------------------------------------------------------------------------------
 async function wastePage(mine) {
   const end = Date.now() / 1000;
-  const [running, suspended, timeline, day] = await Promise.all([
+  const [running, suspended, timeline, day, sizing] = await Promise.all([
     api("/api/v1/workloads?state=running&limit=1000"), api("/api/v1/workloads?state=suspended&limit=1000"), api("/api/v1/reports/timeline"),
-    api(`/api/v1/reports/usage?start=${end - 86400}&end=${end}&by=project`),
+    api(`/api/v1/reports/usage?start=${end - 86400}&end=${end}&by=project`), api(`/api/v1/reports/rightsizing?start=${end - 7 * 86400}&end=${end}`),
   ]);
   const idle = running.items.filter((w) => w.gpu_util_pct !== null && w.gpu_util_pct < 5 && (w.gpus || w.gpu_milli || w.gpu_memory_mib));
   const now = el(`<section><h2>Allocated but idle now</h2><table id="idle-now"><thead><tr><th>Workload</th><th>Project</th><th>GPUs</th><th>GPU use</th></tr></thead><tbody>
@@ -347,7 +374,30 @@ async function wastePage(mine) {
   over.append(lineChart(timeline, [{ label: "allocated but idle", color: "#e0a100", get: (p) => Math.max(0, p.allocated_gpus - p.busy_gpus) }]));
   const byProject = el(`<section><h2>Idle-allocated GPU-hours by project, last 24 hours</h2></section>`);
   byProject.append(day.lines.length ? barChart(day.lines, [{ label: "idle-allocated GPU-hours", color: "#e0a100", get: (l) => l.idle_gpu_hours }]) : el(`<p class="reason">No usage yet.</p>`));
-  show(mine, now, pol, over, byProject);
+  show(mine, now, pol, over, byProject, rightsizingSection(sizing));
+}
+
+// GiB rounded up to a tenth, as the advice writes "used at most".
+const atMostGib = (mib) => `${Math.ceil((mib * 10) / 1024) / 10} GiB`;
+
+function rightsizingSection(r) {
+  const sec = el(`<section><h2>Right-sizing, last 7 days</h2>
+    <p class="reason">Work whose peak GPU memory or use stayed far under what it holds, after 30 minutes of samples, and the request that would do.</p>
+    <table id="rightsizing"><thead><tr><th>Workload</th><th>Project</th><th>Request</th><th>Peak memory, use</th><th>Busy</th><th>GPU-hours</th><th>Would free</th><th>Advice</th></tr></thead><tbody></tbody></table>
+    <h3>GPU-hours right-sizing would have freed</h3>
+    <table id="rightsizing-projects"><thead><tr><th>Project</th><th>GPU-hours</th><th>Would have freed</th><th>Workloads advised</th></tr></thead><tbody>
+    ${r.projects.length ? [...r.projects, r.total].map((t) => `<tr data-project="${esc(t.project)}"><td>${esc(t.project)}</td><td>${fmt(t.gpu_hours)}</td><td>${fmt(t.freed_gpu_hours)}</td><td>${Number(t.advised)}</td></tr>`).join("")
+      : `<tr><td colspan="4" class="reason">No GPUs held in this period.</td></tr>`}</tbody></table></section>`);
+  const tbody = sec.querySelector("#rightsizing tbody");
+  for (const x of r.lines) {
+    const peak = x.peak_gpu_memory_mib === null ? "–" : `${atMostGib(x.peak_gpu_memory_mib)}, ${x.peak_gpu_util_pct === null ? "–" : `${Number(x.peak_gpu_util_pct)}%`}`;
+    const tr = el(`<tr data-workload="${esc(x.project)}/${esc(x.workload)}"><td>${esc(x.workload)}</td><td>${esc(x.project)}</td><td>${esc(x.request)}</td>
+      <td>${esc(peak)}</td><td>${x.busy_pct === null ? "–" : `${Number(x.busy_pct)}%`}</td><td>${fmt(x.gpu_hours)}</td><td>${fmt(x.freed_gpu_hours)}</td><td class="advice"></td></tr>`);
+    tr.querySelector(".advice").append(x.advice ? flagged(x.advice.message) : "–");
+    tbody.append(tr);
+  }
+  if (!r.lines.length) tbody.append(el(`<tr><td colspan="8" class="reason">No workload held GPUs in this period.</td></tr>`));
+  return sec;
 }
 
 // ---- costs -----------------------------------------------------------------------------------------------
