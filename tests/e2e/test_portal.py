@@ -26,7 +26,7 @@ def browser() -> Iterator[Browser]:
         b.close()
 
 
-def _shot(page: Page, name: str) -> None:
+def shot(page: Page, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
@@ -37,6 +37,16 @@ def _sign_in(page: Page, s: Server, name: str, password: str) -> None:
     page.fill("#pw [name=password]", password)
     page.click("#pw button")
     expect(page.locator("#who")).to_contain_text(name)
+
+
+def admin_page(browser: Browser, url: str, token: str) -> Page:
+    """A new page of the portal at `url`, signed in with the admin's token."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(url + "/")
+    page.fill("#tok [name=token]", token)
+    page.click("#tok button")
+    expect(page.locator("#who")).to_contain_text("admin")
+    return page
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -62,7 +72,7 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
     page.fill("#pw [name=password]", "wrong password")
     page.click("#pw button")
     expect(page.locator("#err")).to_contain_text("wrong name or password")
-    _shot(page, "0-sign-in")
+    shot(page, "0-sign-in")
     _sign_in(page, s, "ana", "correct horse")
 
     page.click("[data-template=notebook]")
@@ -73,7 +83,7 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
     row = page.locator("tr[data-name=my-nb]")
     expect(row.locator(".state")).to_have_text("running", timeout=90_000)
     expect(page.locator("tr[data-name=secret-job]")).to_have_count(0)  # another project's work is not there
-    _shot(page, "1-my-workloads")
+    shot(page, "1-my-workloads")
 
     with page.expect_popup() as popup:
         row.get_by_role("button", name="Open").click()
@@ -92,7 +102,7 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
     expect(cell).to_have_text("print(6 * 7)")
     lab.keyboard.press("Shift+Enter")
     expect(lab.locator(".jp-OutputArea-output").first).to_have_text("42", timeout=60_000)
-    _shot(lab, "1b-jupyterlab")
+    shot(lab, "1b-jupyterlab")
     lab.close()
 
     # Another project's member, signed in, is refused the same address, and learns nothing of it.
@@ -106,19 +116,22 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
     page.click("nav a[data-page=cluster]")
     expect(page.locator("#gpu-map")).to_contain_text("my-nb")
     expect(page.locator("#gpu-map")).to_contain_text("(another project)")
-    _shot(page, "2-cluster")
+    shot(page, "2-cluster")
     page.click("nav a[data-page=quotas]")
     expect(page.locator("#quotas")).to_contain_text("lab")
     expect(page.locator("#quotas [data-queue=other]")).to_have_count(0)
     expect(page.locator("#quotas input")).to_have_count(0)  # members read; only admins edit
-    _shot(page, "3-quotas")
+    shot(page, "3-quotas")
     page.click("nav a[data-page=waste]")
     expect(page.locator("#idle-now")).to_be_visible()
-    _shot(page, "4-waste")
+    # Its own work in the right-sizing report (no advice before 30 minutes of samples); another project's not.
+    expect(page.locator("#rightsizing tr[data-workload='lab/my-nb'] td.advice")).to_have_text("–")
+    expect(page.locator("#rightsizing tbody tr")).to_have_count(1)
+    shot(page, "4-waste")
     page.click("nav a[data-page=costs]")
     expect(page.locator("#costs")).to_contain_text("total")
     expect(page.locator("#costs")).not_to_contain_text("other")
-    _shot(page, "5-costs")
+    shot(page, "5-costs")
 
     page.click("nav a[data-page=workloads]")
     page.locator("tr[data-name=my-nb]").get_by_role("button", name="Cancel").click()
@@ -138,11 +151,7 @@ def test_an_admin_signs_in_with_a_token_and_edits_a_quota_in_place(
     s = make_server("fake:2xH100-80GB")
     s.cli("department", "create", "research", "--deserved-gpus", "2")
     s.cli("project", "create", "lab", "--department", "research", "--deserved-gpus", "1")
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(s.url + "/")
-    page.fill("#tok [name=token]", s.admin_token)
-    page.click("#tok button")
-    expect(page.locator("#who")).to_contain_text("admin")
+    page = admin_page(browser, s.url, s.admin_token)
     page.click("nav a[data-page=quotas]")
     row = page.locator("#quotas tr[data-queue=lab]")
     row.locator("[name=deserved]").fill("1.5")
@@ -152,7 +161,7 @@ def test_an_admin_signs_in_with_a_token_and_edits_a_quota_in_place(
     row.locator("[name=deserved]").fill("5")
     row.get_by_role("button", name="Save").click()
     expect(page.locator("#quota-err")).to_contain_text("more than its own")
-    _shot(page, "6-quotas-admin")
+    shot(page, "6-quotas-admin")
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -169,6 +178,6 @@ def test_the_api_docs_render_under_the_strict_csp_with_nothing_from_outside(
     expect(page.locator(".opblock-summary-path").filter(has_text="/api/v1/workloads").first).to_be_visible(
         timeout=30_000
     )
-    _shot(page, "7-api-docs")
+    shot(page, "7-api-docs")
     assert (refused, outside) == ([], [])
     assert httpx.get(s.url + "/redoc", follow_redirects=False).headers["location"] == "/docs"

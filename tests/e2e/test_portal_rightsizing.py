@@ -1,0 +1,81 @@
+"""Right-sizing advice in the portal, in a real browser. The advice needs half an hour of telemetry samples, so the
+server here is the real app served by uvicorn with its scheduler loop driven on a clock the test moves (as
+tests/api/test_rightsizing.py serves it to the real command line), over SQLite, with a real process (a sleep) on
+a simulated GPU: it keeps the GPU idle and holds a few MiB. The clock starts three hours back, so that its half
+hour of samples falls in the week to the browser's now that the Waste page asks for."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from playwright.sync_api import Browser, expect
+
+from tests.e2e import test_portal
+from tests.e2e.conftest import free_port, wait_for
+from tests.e2e.test_portal import admin_page, shot
+from tests.observability.harness import Cluster, cluster
+
+browser = test_portal.browser  # the module's one chromium
+
+ADVICE = "used at most 0.1 GiB of 80, busy 0% of the time: ask --gpu-memory 1GiB or --gpu 0.1"
+
+
+@pytest.fixture
+def sampled(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
+    """Project lab's job "sleeper" on a whole GPU, idle, sampled for 30 minutes; the cluster and its URL."""
+    with cluster(tmp_path) as c:
+        c.clock.now -= 3 * 3600
+        # Requests through the socket: Playwright's sync API holds this thread's event loop.
+        server = uvicorn.Server(uvicorn.Config(c.api.app, host="127.0.0.1", port=free_port(), log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: server.started, 30, "uvicorn to serve")
+            url = f"http://127.0.0.1:{server.config.port}"
+            for path, body in (
+                ("/api/v1/departments", {"name": "research", "deserved_gpus": 4}),
+                ("/api/v1/projects", {"name": "lab", "department": "research", "deserved_gpus": 2}),
+                ("/api/v1/workloads", {"project": "lab", "name": "sleeper", "gpus": 1, "grace_s": 5,
+                                       "command": ["sleep", "600"]}),
+            ):  # fmt: skip
+                r = httpx.post(url + path, json=body, headers=c.api.auth())
+                assert r.status_code == 201, r.text
+            c.controller.telemetry_interval_s = 1e9  # no samples while it starts
+            c.until(lambda: c.states()["sleeper"] == "running", "sleeper to run")
+            backend = c.api.ctx.backend
+            wait_for(lambda: [m.util_pct for m in backend.sample().members.values()] == [0], 30, "sleeper to be idle")
+            c.controller.telemetry_interval_s = 60.0
+            c.cycle(advance=1000.0)  # after a gap nothing is charged: this sample only sets the clock of the next
+            for _ in range(30):
+                c.cycle(advance=60.0)
+            yield c, url
+        finally:
+            server.should_exit = True
+            thread.join(30)
+
+
+def test_a_workload_far_under_its_request_gets_advice_by_its_logs_and_in_the_waste_pages_report(
+    sampled: tuple[Cluster, str], browser: Browser
+) -> None:
+    c, url = sampled
+    page = admin_page(browser, url, c.api.admin_token)
+
+    page.locator("tr[data-name=sleeper]").get_by_role("button", name="Logs").click()
+    advice = page.locator("#detail #advice")
+    expect(advice).to_have_text(f"Right-size: {ADVICE}")
+    expect(advice.locator("code")).to_have_text(["--gpu-memory 1GiB", "--gpu 0.1"])
+    shot(page, "12-rightsizing-advice")
+
+    page.click("nav a[data-page=waste]")
+    expect(page.locator("#rightsizing tbody tr")).to_have_count(1)
+    # Peak use: memory at most 0.1 GiB, utilisation 0%; 30 minutes of a whole GPU, of which 0.1 would have done.
+    expect(page.locator("#rightsizing tr[data-workload='lab/sleeper'] td")).to_have_text(
+        ["sleeper", "lab", "1 GPU", "0.1 GiB, 0%", "0%", "0.50", "0.45", ADVICE]
+    )
+    expect(page.locator("#rightsizing-projects tbody tr")).to_have_text(["lab0.500.451", "total0.500.451"])
+    shot(page, "13-waste-rightsizing")
