@@ -9,6 +9,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
+from gpupool.cli.workloads import start_note
+from gpupool.models.schemas import EventPublic
 from tests.e2e.conftest import Server, wait_for
 from tests.e2e.test_scheduling import SPIN
 
@@ -83,6 +87,11 @@ def test_work_over_its_projects_limit_says_so_with_its_eta_and_its_start_records
     }
     assert datetime.fromtimestamp(recorded["eta"], UTC) == shown
     assert placed["at"] <= after["started_at"]
+    # describe's event log says both: under a minute waited, beside the day it was estimated at.
+    log = s.cli("describe", "waiter").stdout.split("\nEvents:\n")[1].splitlines()
+    (line,) = [x for x in log if "placed on" in x]
+    waited = f"waited {int(recorded['waited_s'])}s, estimated 1d0h (declared)"
+    assert line == f"  {local(placed['at'])}  {placed['state']:<10} {placed['reason']}; {waited}"
     # The one behind it is next, and still over vision's limit, now held by the waiter.
     following: dict[str, Any] = s.workload("next")
     assert (following["reason_code"], following["position"]) == ("over-limit", {"project": 1, "project_queued": 1})
@@ -118,3 +127,24 @@ def test_work_waiting_for_a_lower_priority_jobs_minimum_runtime_says_until_when(
     assert text["Numbers"] == f"until={int(until)} victim='train' project=vision gpu_milli=1000"
     assert text["Position"] == "1 of 1 in project vision's queue (by priority, then submit time)"
     assert text["ETA"] == f"{local(until)}, in 1d0h ({DECLARED})"
+
+
+@pytest.mark.parametrize(
+    ("args", "note"),
+    [
+        (
+            {"nodes": ["n"], "eta": None, "eta_basis": None, "estimated_wait_s": None, "waited_s": 3.9},
+            "; waited 3s, with no estimate",
+        ),
+        (
+            {"nodes": ["n"], "eta": 9e8, "eta_basis": "history", "estimated_wait_s": 7300.0, "waited_s": 5400.5},
+            "; waited 1h30m, estimated 2h01m (history)",
+        ),
+        ({"nodes": ["n"]}, ""),  # a start recorded before estimates existed
+    ],
+)
+def test_describe_puts_a_starts_wait_beside_its_estimate_and_says_when_it_had_none(
+    args: dict[str, Any], note: str
+) -> None:
+    event = EventPublic(at=0.0, state="pending", code="placed", args=args, reason="placed on n")
+    assert start_note(event) == note

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table
 from gpupool.cli.policy import parse_duration
 from gpupool.client import Client
-from gpupool.lifecycle.events import duration
+from gpupool.lifecycle.events import EventCode, duration
 from gpupool.lifecycle.phases import QUEUED, Phase
-from gpupool.models.schemas import WorkloadCreate, WorkloadDetail, WorkloadPublic
+from gpupool.models.schemas import EventPublic, WorkloadCreate, WorkloadDetail, WorkloadPublic
 
 ProjectOpt = Annotated[str | None, typer.Option("-p", "--project", help="The project (default: your only one).")]
 
@@ -238,7 +238,22 @@ def describe_text(d: WorkloadDetail) -> None:
             print(f"  {what + ':':<12} {how}")
     print("Events:")
     for e in d.events:
-        print(f"  {time.strftime(fmt, time.localtime(e.at))}  {e.state:<10} {e.reason}")
+        print(f"  {time.strftime(fmt, time.localtime(e.at))}  {e.state:<10} {e.reason}{start_note(e)}")
+
+
+def _wait(seconds: float) -> str:
+    return f"{max(0, int(seconds))}s" if seconds < 60 else _span(seconds)
+
+
+def start_note(e: EventPublic) -> str:
+    """A start's actual wait beside the estimate it had (the scheduler records both in the start event)."""
+    a = e.args
+    if e.code != EventCode.PLACED or a.get("waited_s") is None:
+        return ""
+    waited = f"; waited {_wait(float(a['waited_s']))}"
+    if a.get("estimated_wait_s") is None:
+        return f"{waited}, with no estimate"
+    return f"{waited}, estimated {_wait(float(a['estimated_wait_s']))} ({a.get('eta_basis')})"
 
 
 def describe(name: str, project: ProjectOpt = None, output: Output = OutputOpt) -> None:
