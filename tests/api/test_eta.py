@@ -71,7 +71,7 @@ def test_a_queued_job_behind_one_with_a_max_duration_gets_its_eta_and_its_start_
     at = datetime.fromtimestamp(started + 3600).strftime("%Y-%m-%d %H:%M:%S")
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ETA:"))
     assert line.startswith(f"ETA:         {at}, in ") and line.endswith(
-        "m (declared: from the max durations running work declared)"
+        "m (declared: from declared max durations and minimum runtimes)"
     )
 
     c.cycle(advance=started + 3600 - c.clock.now)  # the hog's max duration is up: it is asked to stop

@@ -17,7 +17,7 @@ from tests.e2e.conftest import Server, wait_for
 from tests.e2e.test_scheduling import SPIN
 
 DAY = 86400.0
-DECLARED = "declared: from the max durations running work declared"
+DECLARED = "declared: from declared max durations and minimum runtimes"
 
 
 def described(s: Server, name: str) -> dict[str, str]:

@@ -127,7 +127,7 @@ def _age(since: float) -> str:
 
 
 _BASIS = {
-    "declared": "from the max durations running work declared",
+    "declared": "from declared max durations and minimum runtimes",
     "history": "from the runtimes of the project's finished work",
     "none": "nothing running is expected to end",
 }
