@@ -29,6 +29,7 @@ REUSABLE = (
     PendingCode.NONPREEMPTIBLE_OVER_DESERVED,
     PendingCode.NO_NODE_FITS,
     PendingCode.GANG_UNPLACEABLE,
+    PendingCode.NO_SHAREABLE_DEVICE,
 )
 """Reasons whose message depends only on the workload's class and the working state, never on its id."""
 
