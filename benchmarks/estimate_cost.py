@@ -91,12 +91,16 @@ def measure(
     limits: Limits | None = None,
     budget_s: float = BUDGET_S,
     log: Any = None,
+    stepped: bool = True,
 ) -> dict[str, Any]:
+    """The forked forecast's cost, and with `stepped` the stepped one's (as long again)."""
     model = history(projects, rng)
     declared = {w.id: rng.choice((4, 8, 24, 72)) * 3600.0 for w in snapshot.workloads if rng.random() < DECLARED_SHARE}
     forked = measure_forked(snapshot, model, declared, config, limits or Limits())
     if log is not None:
         log(f"forked: {forked}")
+    if not stepped:
+        return {"forked": forked}
     t0 = time.perf_counter()
     forecast = Forecast(snapshot, runtimes_for(snapshot, model, declared), config, limits or Limits(), Memo())
     begin_s = time.perf_counter() - t0
