@@ -5,7 +5,9 @@ Cost. After every cycle the loop hands `after_cycle` its snapshot. Where the pla
 default), a new forecast runs whole in a forked child (`forecast_process`): the cycle pays the fork (10-20 ms at
 30,000 workloads) and, when the child is done, reading its result back; the forecast's own seconds run on
 another core, off the interpreter the requests share, so no cap on the queue is needed. A child past `timeout_s`
-is killed and counts in `failures`. Without fork, the forecast in progress takes steps in the loop while the
+is killed and counts in `failures`. A child that took T seconds is followed by T seconds without one, so
+forecasts use at most half a core (at 1,000 nodes with 10,000 waiting a forecast takes about two minutes of a
+core: benchmarks/scheduler_scale.py). Without fork, the forecast in progress takes steps in the loop while the
 time it has been granted lasts: `budget_s` (100 ms) more per cycle, kept up to the cost of the dearest step
 seen, so a step that costs more than a cycle's budget is taken once every few cycles and the loop spends on
 average about `budget_s` a cycle on estimates; a step costs about a cycle of the core (0.6 s at 100,000
@@ -102,6 +104,7 @@ class Estimates:
         self._begun = 0.0
         self._signature: tuple[int, ...] = ()
         self._credit = 0.0
+        self._rest_until = 0.0
         self._dearest = 0.0
         self._memo = Memo()
         self._written: dict[int, tuple[float | None, str]] = {}
@@ -154,7 +157,9 @@ class Estimates:
         signature = (len(snapshot.workloads), len(decision.pending), len(decision.binds), len(decision.evictions))
         forecast = self._forecast
         if forecast is None or (
-            forecast.done and (signature != self._signature or snapshot.now - self._begun >= self.refresh_s)
+            forecast.done
+            and (signature != self._signature or snapshot.now - self._begun >= self.refresh_s)
+            and time.monotonic() >= self._rest_until
         ):
             if not decision.pending:
                 self._forecast = None
@@ -198,6 +203,8 @@ class Estimates:
     def _collect(self, forecast: ForecastProcess) -> None:
         if forecast.poll() and not self._published:
             self._published = True
+            # A child busy for T seconds is followed by T at rest: forecasts take at most half a core.
+            self._rest_until = time.monotonic() + forecast.wall_s
             if forecast.failed:
                 self.failures += 1
                 log.warning("a start-time forecast failed or ran past %.0f s; none written", self.timeout_s)

@@ -56,7 +56,10 @@ class ForecastProcess:
         self.steps = 0
         self._estimates: dict[str, Estimate] = {}
         self._buffer = bytearray()
-        self._deadline = time.monotonic() + timeout_s
+        self._started = time.monotonic()
+        self._deadline = self._started + timeout_s
+        self.wall_s = 0.0
+        """Seconds from the fork until the forecast was read back (or given up)."""
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child; its outcome is read back by the parent
@@ -86,6 +89,7 @@ class ForecastProcess:
         self.pid = 0
         if os.waitstatus_to_exitcode(status) != 0 or not self._buffer:
             self.failed = self.done = True
+            self.wall_s = time.monotonic() - self._started
             return True
         steps, rows = pickle.loads(self._buffer)
         self._buffer = bytearray()
@@ -95,6 +99,7 @@ class ForecastProcess:
             for label, start, basis, code, message, beyond in rows
         }
         self.done = True
+        self.wall_s = time.monotonic() - self._started
         return True
 
     def estimates(self) -> dict[str, Estimate]:
@@ -112,6 +117,7 @@ class ForecastProcess:
         os.close(self._fd)
         self.pid = 0
         self.failed = self.done = True
+        self.wall_s = time.monotonic() - self._started
 
 
 def _child(
