@@ -107,6 +107,7 @@ def _only(actors: set[str], ok: int) -> Callable[[str, str], int]:
 
 
 Request = tuple[str, str, Any, dict[str, str]]
+EMPTY = "sha256:" + hashlib.sha256(b"").hexdigest()
 Case = tuple[Callable[[World, str], Request], Callable[[str, str], int]]
 MANAGERS_OWN, MANAGERS_OTHER = {"admin", "dadmin"}, {"admin", "other_dadmin"}
 WRITERS_OWN = {"admin", "dadmin", "member", "service"}
@@ -234,6 +235,29 @@ CASES: dict[str, Case] = {
         lambda w, t: ("GET", f"/api/v1/workloads/{_workload(t)}/logs", None, {"project": _project(t)}),
         _by(SEES_OWN, SEES_OTHER, 200),
     ),
+    "code_limits": (lambda w, t: ("GET", "/api/v1/code/limits", None, {}), _everyone(200)),
+    "code_missing": (
+        lambda w, t: ("POST", "/api/v1/code/missing", {"project": _project(t), "digests": [EMPTY]}, {}),
+        _by(WRITERS_OWN, MANAGERS_OTHER, 200),
+    ),
+    "upload_code_blob": (  # an empty body is the empty blob's
+        lambda w, t: ("PUT", f"/api/v1/code/blobs/{EMPTY}", None, {"project": _project(t)}),
+        _by(WRITERS_OWN, MANAGERS_OTHER, 204),
+    ),
+    "upload_code_manifest": (
+        lambda w, t: ("PUT", "/api/v1/code/manifests", {"files": []}, {"project": _project(t)}),
+        _by(WRITERS_OWN, MANAGERS_OTHER, 200),
+    ),
+    "collect_code": (lambda w, t: ("POST", "/api/v1/code/collect", None, {}), _only({"admin"}, 200)),
+    # w1 and w2 have no code: those who may read them hear so; a code token is tested in tests/e2e/test_code.py.
+    "workload_code": (
+        lambda w, t: ("GET", f"/api/v1/workloads/{_workload(t)}/code", None, {"project": _project(t)}),
+        _by(set(), set(), 404, denied_visible=404),
+    ),
+    "workload_code_blob": (
+        lambda w, t: ("GET", f"/api/v1/workloads/{_workload(t)}/code/blobs/{EMPTY}", None, {"project": _project(t)}),
+        _by(set(), set(), 404, denied_visible=404),
+    ),
     "get_nodes": (lambda w, t: ("GET", "/api/v1/nodes", None, {}), _everyone(200)),
     "list_pools": (lambda w, t: ("GET", "/api/v1/pools", None, {}), _everyone(200)),
     "update_pool": (
@@ -276,7 +300,8 @@ ELSEWHERE = {"login", "logout"}
 
 def _fingerprint(w: World) -> str:
     """Everything a request could change, but the audit trail and when a token was last used."""
-    tables = ("queues", "quotas", "users", "memberships", "workloads", "events", "allocations", "pools", "secrets")
+    tables = ("queues", "quotas", "users", "memberships", "workloads", "events", "allocations", "pools", "secrets",
+              "code_blobs", "code_manifests")  # fmt: skip
     digest = hashlib.sha256()
     with w.api.ctx.sessions() as s:
         for table in tables:
@@ -332,10 +357,10 @@ def test_every_mutating_operation_leaves_an_audit_record(world: World) -> None:
     w = world
     mutating = [(m.upper(), path) for path, ops in w.api.app.openapi()["paths"].items() for m in ops
                 if m.upper() in ("POST", "PUT", "PATCH", "DELETE")]  # fmt: skip
-    assert len(mutating) == 22  # 19, and single sign-on's session, device and device/{handle}
+    assert len(mutating) == 26  # 19, single sign-on's session, device and device/{handle}, and 4 of code
     for i, (method, path) in enumerate(mutating):
         concrete = path.replace("{name}", "p1").replace("{user}", "member").replace("{token_id}", "1")
-        concrete = concrete.replace("{ref}", "w1").replace("{handle}", "h" * 43)
+        concrete = concrete.replace("{ref}", "w1").replace("{handle}", "h" * 43).replace("{digest}", EMPTY)
         r = w.http.request(method, concrete, json={}, headers={"X-Request-ID": f"matrix-audit-{i:04d}"})
         rid = r.headers["x-request-id"]
         assert rid == f"matrix-audit-{i:04d}"  # a caller's request id is kept, to follow a request across logs

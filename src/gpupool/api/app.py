@@ -19,7 +19,20 @@ from gpupool.api.auditing import AuditTrail
 from gpupool.api.deps import Context
 from gpupool.api.errors import BodyLimit, NoNul, validation_error
 from gpupool.api.outage import StoreGuard, StoreWatch, store_error
-from gpupool.api.routers import access, apps, docs, nodes, org, pools, portal, rightsizing, sso, system, workloads
+from gpupool.api.routers import (
+    access,
+    apps,
+    code,
+    docs,
+    nodes,
+    org,
+    pools,
+    portal,
+    rightsizing,
+    sso,
+    system,
+    workloads,
+)
 from gpupool.portal import STATIC
 from gpupool.services.errors import ServiceError
 
@@ -101,7 +114,7 @@ def create_app(ctx: Context) -> FastAPI:
     app.mount("/docs-assets", StaticFiles(directory=docs.ASSETS), name="docs-assets")
     app.include_router(apps.router)
     for r in (org.router, access.router, workloads.router, nodes.router, pools.router, portal.router, sso.router,
-              rightsizing.router):  # fmt: skip
+              rightsizing.router, code.router):  # fmt: skip
         app.include_router(r, prefix="/api/v1")
 
     # The portal: static files that hold no data; every figure they show comes from the API with the

@@ -21,6 +21,11 @@ from gpupool.models.access import (
 )
 from gpupool.models.rightsizing import RightsizingReport
 from gpupool.models.schemas import (
+    CodeLimits,
+    CodeManifest,
+    CodeMissing,
+    CodeMissingReply,
+    CodeStored,
     DepartmentCreate,
     DevicePending,
     DeviceStart,
@@ -253,6 +258,32 @@ class Client:
                 yield from resp.iter_bytes()
         except httpx.HTTPError as e:
             raise ApiError(0, f"lost gpupool at {self.url}: {e}") from None
+
+    # -- code (gpupool.client.code packs a directory and uploads it through these) ------------------------------
+    def code_limits(self) -> CodeLimits:
+        return self._get(CodeLimits, "/api/v1/code/limits")
+
+    def code_missing(self, project: str, digests: list[str]) -> list[str]:
+        body = CodeMissing(project=project, digests=digests)
+        return self._send(CodeMissingReply, "POST", "/api/v1/code/missing", body).missing
+
+    def put_code_blob(self, project: str, digest: str, data: bytes) -> None:
+        headers = {"Content-Type": "application/octet-stream"}
+        self._call("PUT", f"/api/v1/code/blobs/{digest}", params={"project": project}, content=data, headers=headers)
+
+    def put_code_manifest(self, project: str, manifest: CodeManifest) -> CodeStored:
+        return self._send(CodeStored, "PUT", "/api/v1/code/manifests", manifest, params={"project": project})
+
+    def workload_code(self, ref: str, project: str | None = None) -> CodeManifest:
+        return self._get(CodeManifest, f"/api/v1/workloads/{ref}/code", params=_project(project))
+
+    def workload_code_blob(self, ref: str, digest: str, project: str | None = None) -> bytes:
+        return self._call("GET", f"/api/v1/workloads/{ref}/code/blobs/{digest}", params=_project(project)).content
+
+    def collect_code(self, grace_s: float | None = None) -> dict[str, int]:
+        params = {} if grace_s is None else {"grace_s": grace_s}
+        out: dict[str, int] = self._call("POST", "/api/v1/code/collect", params=params).json()
+        return out
 
     def nodes(self) -> list[NodePublic]:
         return self._list(NodePublic, "/api/v1/nodes")

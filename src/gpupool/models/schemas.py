@@ -5,6 +5,7 @@ The client and the CLI import these too, so this module depends on pydantic only
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
@@ -165,6 +166,11 @@ class UserCreated(UserPublic):
     """Shown once; the server keeps only its hash."""
 
 
+CODE_DIGEST = r"^sha256:[0-9a-f]{64}$"
+CODE_DESCRIPTION = (
+    "The code it runs in: `sha256:<hex>` of a code manifest its project uploaded (gpupool.client.code.upload); "
+    "it starts in a private copy of that tree. None: an empty working directory."
+)
 MAX_DURATION_S = 30 * 86400
 """The longest max_duration a workload may declare: a longer one says nothing a forecast could use."""
 
@@ -195,6 +201,7 @@ class WorkloadCreate(Wire):
         description="Stopped (with its grace period) once it has run this long; at most 30 days.",
     )
     pools: list[ShortText] = Field(default_factory=list, max_length=16)
+    code: str | None = Field(None, pattern=CODE_DIGEST, description=CODE_DESCRIPTION)
 
 
 class DevicePublic(Reply):
@@ -295,6 +302,11 @@ class WorkloadDetail(WorkloadPublic):
     """Queued workloads only."""
     rightsizing: RightsizingAdvice | None = None
     """Advice from its telemetry where it uses far less than it holds (gpupool.services.rightsizing says the rule)."""
+    code: str | None = None
+    """The code manifest it runs in (`sha256:<hex>`), or None."""
+    code_files: int | None = None
+    """How many files (and links) that code tree has."""
+    code_bytes: int | None = None
 
 
 class Page(Reply, Generic[T]):
@@ -433,3 +445,50 @@ class DevicePending(Reply):
 
     status: Literal["pending", "slow_down"]
     interval: int
+
+
+class CodeFile(Wire):
+    """One entry of a code manifest: a regular file (mode, size, sha256 and the chunks it is cut into) or a
+    symbolic link (`link`, a target inside the tree)."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    mode: int = Field(0o644, ge=0, le=0o777)
+    size: int = Field(0, ge=0, le=2**40)
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    chunks: list[Annotated[str, Field(pattern=CODE_DIGEST)]] = Field(default_factory=list, max_length=2**20)
+    link: str | None = Field(None, min_length=1, max_length=4096)
+
+
+class CodeManifest(Wire):
+    """A code tree, sorted by path. Its digest is the SHA-256 of its canonical JSON (client/code.py writes it)."""
+
+    version: Literal[1] = 1
+    files: list[CodeFile] = Field(default_factory=list, max_length=100_000)
+
+    def canonical(self) -> bytes:
+        """The bytes its digest is taken of: sorted keys, no spaces, every field spelled out."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+
+class CodeMissing(Wire):
+    project: Name
+    digests: list[Annotated[str, Field(pattern=CODE_DIGEST)]] = Field(default_factory=list, max_length=20_000)
+
+
+class CodeMissingReply(Reply):
+    missing: list[str]
+    """Those of the asked digests this project has not uploaded (their bytes must be sent)."""
+
+
+class CodeLimits(Reply):
+    max_bytes: int
+    """The largest code tree the server takes (its files' sizes summed)."""
+    chunk_bytes: int
+    """The largest blob: files are cut into chunks of this size."""
+
+
+class CodeStored(Reply):
+    code: str
+    """`sha256:<hex>`: what WorkloadCreate.code takes."""
+    files: int
+    size: int

@@ -16,7 +16,7 @@ from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.phases import TERMINAL, Phase
 from gpupool.models.schemas import DNS_LABEL, INT32_MAX, Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
-from gpupool.services import audit, reasons, rightsizing
+from gpupool.services import audit, code, reasons, rightsizing
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_named
@@ -78,6 +78,7 @@ def submit(
             "--priority, or ask an admin to allow it (gpupool project set NAME --production-allowed)"
         )
     preemptible = klass.preemptible if body.preemptible is None else body.preemptible
+    code.check_submitted(session, project.id, project.name, body.code)
     nodes = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
     check_fits(request, body.workers, body.pools, preemptible, nodes, chains(queues)[project.id])
     name = body.name or f"{body.type}-{secrets.token_hex(3)}"
@@ -101,6 +102,7 @@ def submit(
         pools=list(body.pools),
         command=list(body.command),
         image=body.image,
+        code=body.code,
         env=dict(body.env),
         port=body.port,
         grace_s=default_grace_s if body.grace_s is None else body.grace_s,
@@ -220,10 +222,15 @@ def describe(
     queue = session.get(QueueRow, row.project_id)
     policy = effective(_chain(session, queue)) if queue is not None else Policy()
     project_name = names.get(row.project_id, "?")
-    return workload_detail(
+    detail = workload_detail(
         row, project_name, events, policy, public_url=public_url, isolation=isolation,
         position=reasons.position(session, row), rightsizing=rightsizing.advice_for(session, row),
     )  # fmt: skip
+    if row.code is None:
+        return detail
+    tree = code.manifest_row(session, row.project_id, row.code)
+    sizes = {"code_files": tree.files, "code_bytes": tree.size} if tree is not None else {}
+    return detail.model_copy(update={"code": row.code, **sizes})
 
 
 def resume(session: Session, who: Principal, ref: str, project: str | None) -> WorkloadPublic:

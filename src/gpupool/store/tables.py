@@ -206,6 +206,9 @@ class WorkloadRow(Base):
     command: Mapped[list[Any]] = mapped_column(JSON, default=list)
     image: Mapped[str | None] = mapped_column(String(512), nullable=True)
     """Container image, for backends that run containers (kubernetes); the local backend runs on the host."""
+    code: Mapped[str | None] = mapped_column(String(71), nullable=True, index=True)
+    """The code it runs in (`sha256:<hex>` of a code manifest its project uploaded), copied into its working
+    directory before it starts; None: it starts in an empty one."""
     env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     port: Mapped[int | None] = mapped_column(Integer, nullable=True)
     grace_s: Mapped[float] = mapped_column(Float)
@@ -281,6 +284,33 @@ class EventRow(Base):
     code: Mapped[str] = mapped_column(String(32), index=True)
     reason_code: Mapped[str | None] = mapped_column(String(32), nullable=True)
     args: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class CodeBlobRow(Base):
+    """A blob of code (a chunk of a file, or a manifest) that a project uploaded: the bytes live in the blob area
+    (gpupool.store.blobs), shared by content; this row is what lets the project use them. A project that never
+    sent a blob's bytes is told the server lacks it, so the store never says what another project uploaded."""
+
+    __tablename__ = "code_blobs"
+    project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(71), primary_key=True, index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class CodeManifestRow(Base):
+    """A code tree a project uploaded: its manifest (a blob of its own) lists each file's path, mode, SHA-256,
+    size and chunks. Workloads name it in `code`; one no workload names is collected after a grace period."""
+
+    __tablename__ = "code_manifests"
+    project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(71), primary_key=True)
+    files: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(BigInteger)
+    chunks: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    """The digests of every blob it needs (its files' chunks), which it keeps from collection."""
+    created_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(63))
 
 
 class UsageRow(Base):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -132,7 +133,7 @@ def namespace_manifest(name: str, level: str) -> dict[str, Any]:
 
 
 def _confined(pod_spec: dict[str, Any], security: dict[str, Any]) -> dict[str, Any]:
-    """Never the node's network, process or IPC namespaces (and no volumes at all, so no hostPath)."""
+    """Never the node's network, process or IPC namespaces (and no volumes but the code's emptyDir: no hostPath)."""
     return {**pod_spec, "hostNetwork": False, "hostPID": False, "hostIPC": False, "securityContext": security}
 
 
@@ -150,7 +151,40 @@ def secrets_manifest(values: Mapping[str, str], namespace: str) -> dict[str, Any
     }
 
 
-def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str, uid_base: int = UID_BASE) -> dict[str, Any]:
+CODE_DIR = "/workspace"
+"""Where a pod's code is fetched to, and where its main container starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class CodeFetch:
+    """How a pod's init step fetches its workload's code from the server (no shared filesystem is assumed)."""
+
+    url: str
+    """The server's API as pods reach it."""
+    token: str
+    """Minted by the server for this workload (gpupool.services.code.mint_token): it reads this workload's code
+    and nothing else, so it may sit in the pod spec, which the project's readers see (as they see the code)."""
+    image: str
+    """An image with gpupool's client (`pip install gpupool`): it runs `python -m gpupool.client.code`."""
+
+
+def code_init_container(spec: LaunchSpec, fetch: CodeFetch, security: dict[str, Any]) -> dict[str, Any]:
+    env = {"GPUPOOL_URL": fetch.url, "GPUPOOL_CODE_TOKEN": fetch.token, "GPUPOOL_WORKLOAD_ID": str(spec.workload_id)}
+    return {
+        "name": "code",
+        "image": fetch.image,
+        "command": ["python", "-m", "gpupool.client.code", "--into", CODE_DIR],
+        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "volumeMounts": [{"name": "code", "mountPath": CODE_DIR}],
+        "securityContext": security,
+    }
+
+
+def pod_manifest(
+    spec: LaunchSpec, namespace: str, default_image: str, uid_base: int = UID_BASE, code: CodeFetch | None = None
+) -> dict[str, Any]:
+    """`code`: where the workload has code, how its init step fetches it into an emptyDir the main container
+    starts in."""
     pod_security, container_security = security_contexts(spec.pod_security, uid_base + spec.project_id)
     whole = [d for d in spec.devices if d.milli >= 1000]
     shared = [d for d in spec.devices if d.milli < 1000]
@@ -229,6 +263,11 @@ def pod_manifest(spec: LaunchSpec, namespace: str, default_image: str, uid_base:
         container["command"] = list(spec.argv)
     if spec.port is not None:
         container["ports"] = [{"containerPort": spec.port}]
+    if code is not None:
+        pod_spec["volumes"] = [{"name": "code", "emptyDir": {}}]
+        pod_spec["initContainers"] = [code_init_container(spec, code, container_security)]
+        container["volumeMounts"] = [{"name": "code", "mountPath": CODE_DIR}]
+        container["workingDir"] = CODE_DIR
     pod_spec["containers"].append(container)
     return {
         "apiVersion": "v1",

@@ -36,6 +36,7 @@ from gpupool.backends.local.reaper import Reaper
 from gpupool.backends.local.runs import Found, Record, RunDir, start_ticks
 from gpupool.backends.local.sandbox import APP_SOCKET, Isolation, Limits, Member, Sandbox
 from gpupool.backends.local.telemetry import CpuActivity, NvmlReader, processes, tree
+from gpupool.backends.local.workdirs import Blobs, CodePlacer
 from gpupool.core import Node
 from gpupool.failpoints import failpoint
 
@@ -95,6 +96,7 @@ class LocalBackend:
         self.gpus = gpus
         self._on_exit = on_exit
         self._dir = RunDir(data_dir / "run")
+        self._code = CodePlacer(data_dir / "workloads", Blobs(data_dir))
         self._lock = threading.Lock()
         """Guards the tables below, and nothing else: no process start or file write happens under it."""
         self._runs: dict[str, _Run] = {}
@@ -219,6 +221,9 @@ class LocalBackend:
     def _start(self, spec: LaunchSpec, lock_fd: int) -> tuple[subprocess.Popen[bytes], Record]:
         """The intent made durable, then the wrapper started holding the lock (`lock_fd` as its stdin)."""
         member = self._member(spec)
+        code: str | None = getattr(spec, "code", None)  # LaunchSpec.code, where the server passes it
+        if code is not None:  # under the launch's lock and before its intent: see workdirs.py
+            self._code.place(spec.workload_id, code, member.workdir, self._owner(spec))
         self.sandbox.prepare(member)
         log_file = Path(self.log_path(spec.workload_id, spec.rank))
         log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -350,6 +355,9 @@ class LocalBackend:
             devices=devices,
             shared=(str(self._mps.pipe_dir), str(self._mps.log_dir)) if self._mps is not None else (),
         )
+
+    def _owner(self, spec: LaunchSpec) -> int | None:
+        return self.sandbox.uid(spec.project_id) if self.isolation.sandboxed else None
 
     def _alive(self, run: _Run) -> bool:
         if run.child is not None:
