@@ -16,6 +16,8 @@ Each allocation has, in `<data>/run/`:
   metadata that a full disk allows) before it runs the member.
 * `<alloc>.exit`, the member's exit status, which the wrapper writes when it ends (with the disk full it cannot:
   the server's own child's return code, which it reaps, says the same).
+* `<alloc>.reason`, why a member never ran, where it could say (its Python environment could not be built: uv's
+  last lines; see envs.py), beside an exit status of envs.BUILD_FAILED.
 
 What a restarted server concludes (`survey`): the lock held → it runs (its pid from the record, or else the
 session leader that has the lock file open); not held and an exit file → it ended with that status; not held, no
@@ -136,6 +138,16 @@ class RunDir:
         except (OSError, ValueError, TypeError):
             return None
 
+    def reason_path(self, alloc_id: str) -> Path:
+        return self.path / f"{alloc_id}.reason"
+
+    def reason(self, alloc_id: str) -> str | None:
+        """Why the member never ran, where its launch could say (envs.py writes it)."""
+        try:
+            return self.reason_path(alloc_id).read_text(errors="replace").strip() or None
+        except OSError:
+            return None
+
     def exit_code(self, alloc_id: str) -> int | None:
         try:
             return int(self.exit_path(alloc_id).read_text())
@@ -147,7 +159,8 @@ class RunDir:
 
     def remove(self, alloc_id: str) -> None:
         # The record first: without it nothing is adopted, and what is left is swept at the next start.
-        for path in (self.record_path(alloc_id), self.exit_path(alloc_id), self.lock_path(alloc_id)):
+        paths = (self.record_path(alloc_id), self.exit_path(alloc_id), self.reason_path(alloc_id))
+        for path in (*paths, self.lock_path(alloc_id)):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
@@ -205,7 +218,7 @@ class RunDir:
         (Not a wrapper's exit file being written, `<alloc>.exit.tmp`: the wrapper may be about to rename it.)"""
         records = set(self.allocations())
         for path in self.path.iterdir():
-            orphan = path.suffix in (".lock", ".exit") and path.stem not in records
+            orphan = path.suffix in (".lock", ".exit", ".reason") and path.stem not in records
             half_written = path.suffix == ".tmp" and ".json." in path.name
             if half_written or (orphan and not (path.suffix == ".lock" and _held(path))):
                 with contextlib.suppress(FileNotFoundError):

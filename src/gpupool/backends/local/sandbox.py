@@ -28,6 +28,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.backends.local import envs, images
+
 APP_DIR_INSIDE = "/run/gpupool"
 APP_SOCKET = "app.sock"
 CPU_PERIOD_US = 100_000
@@ -153,6 +155,27 @@ class Member:
     """Device nodes it may open (its GPUs' /dev/nvidiaN and the driver's control nodes)."""
     shared: tuple[str, ...] = ()
     """Directories of the server's it must reach at their own paths (the MPS daemon's pipes and logs)."""
+    image: str | None = None
+    """An OCI image to run it in (podman); None: this host's system with a Python environment of its own."""
+    kind: str = ""
+    """The workload's type (a notebook's environment has JupyterLab)."""
+
+
+def _drop(uid: int) -> list[str]:
+    """setpriv's words that drop to a project's identity with no capabilities and no way back."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+            "--inh-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
+
+
+def _unsupported_in_image(member: Member) -> str | None:
+    """Why the member cannot run in an image here, or None. Apps are reached through a socket the server's proxy
+    alone can open; a container has no bridge to it yet."""
+    if member.private_network or member.kind in ("notebook", "inference"):
+        return (
+            "an image is honoured for batch and training work on the local backend; notebooks and services run in "
+            "a Python environment of their own (leave out image)"
+        )
+    return None
 
 
 class Sandbox:
@@ -161,6 +184,9 @@ class Sandbox:
         self.isolation = isolation
         self.uid_base = uid_base
         self._ids = data_dir / "identities"
+        self._envs_root = data_dir / "envs"
+        self._containers = data_dir / "containers"
+        envs.configure(self._envs_root, dict(os.environ))
 
     def uid(self, project_id: int) -> int:
         return self.uid_base + project_id
@@ -187,28 +213,44 @@ class Sandbox:
         return {"HOME": str(member.workdir), "USER": user, "LOGNAME": user}
 
     def argv(self, member: Member, argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The command that runs `argv` sandboxed, and the cgroup.procs files the launcher joins first."""
+        """The command that runs `argv` sandboxed, and the cgroup.procs files the launcher joins first: in its
+        image through podman, or else in a Python environment of its own, built first where need be (envs.py)."""
+        if member.image is not None:
+            return images.argv(self._container(member), argv), ()
+        notebook = member.kind == "notebook" or (argv[:1] == (sys.executable,) and argv[1:3] == ("-m", "jupyterlab"))
+        root = self._envs_root / str(member.project_id)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        plan = envs.plan(root, member.workdir, notebook)
+        reason = self.data_dir / "run" / f"{member.alloc_id}.reason"
+        seen = envs.INSIDE if self.isolation.sandboxed else str(plan.path)
+        # A notebook runs the environment's Python (which has JupyterLab), never the server's.
+        inner = tuple(f"{seen}/bin/python" if a == sys.executable else a for a in argv[:1]) + argv[1:]
         if not self.isolation.sandboxed:
-            return argv, ()
-        uid = str(self.uid(member.project_id))
+            return (*envs.builder_argv(plan, reason, sys.prefix, None, [], None), *inner), ()
+        uid = self.uid(member.project_id)
+        cache = str(root / ".uv-cache")
+        uv = envs.find_uv()
+        tools = ["--ro-bind", uv, uv] if uv is not None else []
+        build_box = self._box(
+            member, ["--bind", str(plan.path), envs.INSIDE, "--bind", cache, envs.CACHE_INSIDE, *tools], False
+        )
+        builder = envs.builder_argv(plan, reason, sys.prefix, envs.INSIDE, [*build_box, *_drop(uid)], uid)
+        box = self._box(member, ["--ro-bind", str(plan.path), envs.INSIDE], member.private_network)
+        if member.private_network and member.port is not None:
+            # The service listens on its port inside its own network; only the app socket leads there.
+            bridge = (
+                f"socat UNIX-LISTEN:{APP_DIR_INSIDE}/{APP_SOCKET},fork,mode=600,unlink-early "
+                f'TCP:127.0.0.1:{member.port} & exec "$@"'
+            )
+            inner = ("/bin/sh", "-c", bridge, "gpupool-app", *inner)
+        # The build is the member's work too: within its scope's limits, as within its cgroups.
+        return (*self.systemd_prefix(member), *builder, *box, *_drop(uid), *inner), self._cgroup(member)
+
+    def _box(self, member: Member, binds: list[str], private_network: bool) -> list[str]:
+        """bubblewrap's words for a member's views (see the module's docstring), with `binds` added."""
         passwd, group = self._identity_files(member)
-        box = [
-            *self.systemd_prefix(member),
-            "bwrap",
-            "--die-with-parent",
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--tmpfs",
-            "/run",
-        ]
+        box = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        box += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
         for scratch in ("/tmp", "/var/tmp", "/dev/shm"):  # private, and writable as a /tmp should be
             box += ["--perms", "1777", "--tmpfs", scratch]  # fmt: skip
         for hidden in self._hidden():
@@ -223,20 +265,28 @@ class Sandbox:
                 box += ["--dev-bind", dev, dev]
         for shared in member.shared:
             box += ["--bind", shared, shared]
-        if member.private_network:
+        box += binds
+        if private_network:
             box += ["--unshare-net"]
-        box += ["--chdir", str(member.workdir), "--"]
-        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
-                "--inh-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
-        inner = argv
-        if member.private_network and member.port is not None:
-            # The service listens on its port inside its own network; only the app socket leads there.
-            bridge = (
-                f"socat UNIX-LISTEN:{APP_DIR_INSIDE}/{APP_SOCKET},fork,mode=600,unlink-early "
-                f'TCP:127.0.0.1:{member.port} & exec "$@"'
-            )
-            inner = ("/bin/sh", "-c", bridge, "gpupool-app", *argv)
-        return (*box, *drop, *inner), self._cgroup(member)
+        return [*box, "--chdir", str(member.workdir), "--"]
+
+    def _container(self, member: Member) -> images.Container:
+        """What podman needs to run a member as its sandbox would: identity, workdir, devices, limits."""
+        uid = self.uid(member.project_id) if self.isolation.sandboxed else os.geteuid()
+        gid = uid if self.isolation.sandboxed else os.getegid()
+        self._containers.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self._containers / member.alloc_id).touch()  # release() removes what may still run under its name
+        return images.Container(
+            name=images.name(member.alloc_id),
+            image=str(member.image),
+            uid=uid,
+            gid=gid,
+            workdir=str(member.workdir),
+            devices=member.devices,
+            cpu_milli=member.cpu_milli if self.isolation.limits.mode != "advisory" else 0,
+            memory_mib=member.memory_mib if self.isolation.limits.mode != "advisory" else 0,
+            unsupported=_unsupported_in_image(member),
+        )
 
     def runs_python(self, module: str) -> bool:
         """Whether a member can run this server's Python and import `module` (notebooks need JupyterLab): false
@@ -244,12 +294,21 @@ class Sandbox:
         member = Member("probe", 0, "probe", self.data_dir / "probe" / "work", self.data_dir / "probe" / "app",
                         False, None, 0, 0)  # fmt: skip
         self.prepare(member)
-        argv, _ = self.argv(member, (sys.executable, "-c", f"import {module}"))
+        if not self.isolation.sandboxed:
+            return True
+        box = self._box(member, [], False)
+        argv = (*box, *_drop(self.uid(member.project_id)), sys.executable, "-c", f"import {module}")
         done = subprocess.run(argv, capture_output=True, timeout=120, cwd=member.workdir, check=False)
         return done.returncode == 0
 
     def release(self, alloc_id: str) -> None:
-        """Remove a member's cgroups and identity files once its processes are gone."""
+        """Remove a member's cgroups, identity files and container (which a member killed hard can leave running:
+        podman's monitor is no child of the wrapper) once its processes are gone."""
+        marker = self._containers / alloc_id
+        if marker.exists():
+            images.remove(images.name(alloc_id))
+            with contextlib.suppress(OSError):
+                marker.unlink()
         for kind in ("passwd", "group"):
             with contextlib.suppress(OSError):
                 (self._ids / f"{alloc_id}.{kind}").unlink()

@@ -1,0 +1,144 @@
+"""A member in an OCI image, run through podman (Debian's) with the sandbox's confinement kept.
+
+The container runs as the project's identity with no capabilities and no_new_privs, a read-only root (podman
+mounts private tmpfs on /tmp, /var/tmp and /run), its working directory bound at its own path, its CPU and memory
+requests as limits, and only the GPUs of its allocation: through CDI (`nvidia.com/gpu=<index>`) where the NVIDIA
+container toolkit has written a spec, their device nodes otherwise, and for simulated GPUs the same variables a
+member without an image gets. Images come from the host's own storage only (`--pull=never`): nothing is fetched.
+
+The container is named after its allocation (`gpupool-<alloc>`), so a second start of one launch is refused by
+podman itself; `podman run` stays attached in the member's wrapper, so the wrapper's lock says whether it runs
+across a server restart (runs.py) and its exit status is the container's. The member's variables reach the
+container by name (`--env NAME`: podman takes the value from its own environment), never spelled out on a command
+line others can read. This file runs as a script to add those names (`python -I images.py ...`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+CANNOT_START = 97
+"""The exit status of a member that never ran (as envs.BUILD_FAILED): its image cannot be used here."""
+_NOT_PASSED = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_"})
+"""The host's, not the workload's: the image has its own PATH, and HOME is the working directory."""
+_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+_NPROC_CAP = 32768
+"""podman's monitor (conmon) runs with at most this many processes; a runtime cannot raise a container's limit
+above its own without CAP_SYS_RESOURCE, which a VM's or container's root may lack."""
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    name: str
+    image: str
+    uid: int
+    gid: int
+    workdir: str
+    devices: tuple[str, ...] = ()
+    """Device nodes of its GPUs and the driver's (none for simulated GPUs)."""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    unsupported: str | None = None
+    """Why it cannot run in an image here (the member then ends at once, saying so)."""
+
+
+def name(alloc_id: str) -> str:
+    return f"gpupool-{alloc_id}"
+
+
+def podman() -> str | None:
+    return shutil.which("podman")
+
+
+def global_options() -> list[str]:
+    """podman's own options on this host: runc where installed (crun 1.8 refuses a hybrid cgroup v1/v2 host),
+    cgroupfs and a file for events where systemd does not run."""
+    out = []
+    if shutil.which("runc"):
+        out.append("--runtime=runc")
+    if not Path("/run/systemd/system").is_dir():
+        out += ["--cgroup-manager=cgroupfs", "--events-backend=file"]
+    return out
+
+
+def argv(c: Container, command: tuple[str, ...]) -> tuple[str, ...]:
+    """The member's command: podman running `command` in its image (or, where it cannot, a line that says why)."""
+    exe = podman()
+    why = c.unsupported or (None if exe is not None else "podman is not installed (scripts/system-deps installs it)")
+    if why is not None or exe is None:
+        return ("/bin/sh", "-c", f'echo "gpupool: $0"; exit {CANNOT_START}', str(why))
+    words = [exe, *global_options(), "run", "--rm", "--name", c.name, "--pull=never", "--log-driver=none"]
+    words += ["--user", f"{c.uid}:{c.gid}", "--cap-drop=all", "--security-opt=no-new-privileges", "--read-only"]
+    words += ["--network=host", "-v", f"{c.workdir}:{c.workdir}", "-w", c.workdir, "-e", f"HOME={c.workdir}"]
+    words += _ulimits()
+    if c.memory_mib > 0:
+        words.append(f"--memory={c.memory_mib}m")
+    if c.cpu_milli > 0:
+        words.append(f"--cpus={c.cpu_milli / 1000:g}")
+    words += _devices(c.devices)
+    return (sys.executable, "-I", __file__, str(len(words)), *words, c.image, *command)
+
+
+def remove(container: str) -> None:
+    """Stop and remove a container, wherever it is in its life (gone already is fine)."""
+    exe = podman()
+    if exe is None:
+        return
+    subprocess.run(
+        [exe, *global_options(), "rm", "--force", "--ignore", "--time", "0", container],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _ulimits() -> list[str]:
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    nproc = [
+        min(v if v != resource.RLIM_INFINITY else _NPROC_CAP, _NPROC_CAP)
+        for v in resource.getrlimit(resource.RLIMIT_NPROC)
+    ]
+    return [f"--ulimit=nofile={nofile[0]}:{nofile[1]}", f"--ulimit=nproc={nproc[0]}:{nproc[1]}"]
+
+
+def _devices(nodes: tuple[str, ...]) -> list[str]:
+    gpus = [int(m.group(1)) for n in nodes if (m := re.fullmatch(r"/dev/nvidia(\d+)", n))]
+    if gpus and _cdi_has_nvidia():
+        # CDI brings the driver's nodes and libraries with each GPU; the container sees its GPUs from index 0.
+        return [x for i in gpus for x in ("--device", f"nvidia.com/gpu={i}")] + [
+            "-e",
+            "CUDA_VISIBLE_DEVICES=" + ",".join(str(i) for i in range(len(gpus))),
+        ]
+    return [x for n in nodes if Path(n).exists() for x in ("--device", n)]
+
+
+def _cdi_has_nvidia() -> bool:
+    for d in _CDI_DIRS:
+        for spec in sorted(Path(d).glob("*")) if Path(d).is_dir() else ():
+            try:
+                if "nvidia.com" in spec.read_text(errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def main(args: list[str]) -> None:
+    """Run podman with the member's variables passed by name; those given with a value (`-e K=V`) stand."""
+    count = int(args[0])
+    words, rest = args[1 : 1 + count], args[1 + count :]
+    fixed = {w.split("=", 1)[0] for prev, w in itertools.pairwise(words) if prev in ("-e", "--env")}
+    names = sorted(k for k in os.environ if k not in _NOT_PASSED and k not in fixed)
+    os.execv(words[0], [*words, *(x for k in names for x in ("--env", k)), *rest])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

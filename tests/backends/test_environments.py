@@ -1,0 +1,163 @@
+"""Environments on the local backend, for real: a member's own Python environment built with uv from PyPI, and
+an image built here and run through podman (no registry is reachable: the image is made from busybox-static)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpupool.backends.base import LaunchSpec
+from gpupool.backends.local import LocalBackend, discover
+from gpupool.backends.local import images as images_mod
+from gpupool.backends.local.envs import BUILD_FAILED
+from gpupool.backends.local.runs import RunDir
+from gpupool.backends.local.sandbox import Member, probe
+
+UID_BASE = 1_900_000_000
+IMAGE = "localhost/gpupool-test-busybox:1"
+
+
+def _run(backend: LocalBackend, spec: LaunchSpec, timeout: float = 180.0) -> tuple[int | None, str]:
+    backend.launch(spec)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = backend.observe()[spec.alloc_id]
+        if not seen.alive:
+            return seen.exit_code, Path(backend.log_path(spec.workload_id, spec.rank)).read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{spec.alloc_id} did not end")
+
+
+def _backend(tmp_path: Path) -> LocalBackend:
+    return LocalBackend(tmp_path / "data", "host", "default", discover("fake:2xH100-80GB"), isolation=probe(False))
+
+
+def _with_requirements(backend: LocalBackend, workload_id: int, text: str) -> None:
+    workdir = backend.workdir(workload_id)
+    workdir.mkdir(parents=True)
+    (workdir / "requirements.txt").write_text(text)
+
+
+def test_a_member_runs_in_its_own_environment_built_from_its_requirements(tmp_path: Path) -> None:
+    b = _backend(tmp_path)
+    server_site = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    before = sorted(p.name for p in Path(server_site).iterdir())
+    script = (
+        "import os, sys, six; print('six', six.__version__); print(sys.prefix); print(os.environ['VIRTUAL_ENV']); "
+        f"print({sys.prefix!r} in os.environ['PATH'])"
+    )
+    argv = ("sh", "-c", f'python -c "{script}" && python -m pip install six; echo "pip=$?"')
+    for wid in (1, 2):  # the second reuses the first's environment
+        _with_requirements(b, wid, "six==1.17.0\n")
+        code, log = _run(b, LaunchSpec(f"{wid}-0-0", wid, "w", "vision", "batch", argv, {}, project_id=5))
+        assert code == 0, log
+        # The environment's Python, which has no pip to change anything with, and nothing of the server's on PATH.
+        assert log.splitlines()[-6:] == [
+            "six 1.17.0", "/run/gpupool-env", "/run/gpupool-env", "False",
+            "/run/gpupool-env/bin/python: No module named pip", "pip=1",
+        ], log  # fmt: skip
+    envs = [p for p in (tmp_path / "data" / "envs" / "5").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert len(envs) == 1
+    assert sorted(p.name for p in Path(server_site).iterdir()) == before
+
+
+def test_a_bad_requirement_fails_the_member_with_uvs_reason(tmp_path: Path) -> None:
+    b = _backend(tmp_path)
+    _with_requirements(b, 3, "gpupool-no-such-package-xyz==0.0.1\n")
+    code, log = _run(b, LaunchSpec("3-0-0", 3, "w", "vision", "batch", ("true",), {}, project_id=5))
+    assert code == BUILD_FAILED
+    reason = RunDir(tmp_path / "data" / "run").reason("3-0-0")
+    assert reason is not None
+    assert reason.startswith("its Python environment could not be built from requirements.txt (uv: ")
+    assert "gpupool-no-such-package-xyz" in reason
+    assert f"gpupool: {reason}" in log
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny image made here: Debian's busybox-static, FROM scratch."""
+    root = tmp_path_factory.mktemp("image")
+    (root / "bin").mkdir()
+    shutil.copy(shutil.which("busybox") or "/bin/busybox", root / "bin" / "busybox")
+    for applet in ("sh", "id", "env", "echo", "grep", "cat", "touch", "sleep"):
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "Containerfile").write_text('FROM scratch\nCOPY bin /bin\nCMD ["/bin/sh"]\n')
+    podman = [shutil.which("podman") or "podman", *images_mod.global_options()]
+    subprocess.run([*podman, "build", "-q", "-t", IMAGE, str(root)], check=True, capture_output=True, timeout=300)
+    return IMAGE
+
+
+def _image_member(tmp_path: Path, alloc: str, image: str) -> Member:
+    return Member(
+        alloc_id=alloc, project_id=5, project="vision", workdir=tmp_path / "data" / "workloads" / alloc,
+        app_dir=tmp_path / "apps" / alloc, private_network=False, port=None, cpu_milli=500, memory_mib=256,
+        image=image, kind="batch",
+    )  # fmt: skip
+
+
+def test_an_image_runs_confined_with_its_gpu_variables(tmp_path: Path, image: str) -> None:
+    b = _backend(tmp_path)
+    member = _image_member(tmp_path, "4-0-0", image)
+    b.sandbox.prepare(member)
+    script = (
+        'id -u; id -g; echo "cuda=$CUDA_VISIBLE_DEVICES"; echo "nvidia=$NVIDIA_VISIBLE_DEVICES"; '
+        'echo "w=$GPUPOOL_WORKLOAD"; '
+        'echo "secret=$TOKEN"; echo "home=$HOME"; grep ^CapEff /proc/self/status; touch /x 2>/dev/null || echo ro; '
+        "echo hi > out && cat out; cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+    )
+    argv, cgroups = b.sandbox.argv(member, ("sh", "-c", script))
+    assert cgroups == ()
+    assert "s3" not in " ".join(argv)  # a value never on a command line: podman takes it from its environment
+    env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "GPU-1", "TOKEN": "s3"}
+    env["GPUPOOL_WORKLOAD"] = "w"
+    done = subprocess.run(argv, cwd=member.workdir, env=env, capture_output=True, text=True, timeout=120)
+    uid = str(UID_BASE + 5)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        uid, uid, "cuda=1", "nvidia=GPU-1", "w=w", "secret=s3", f"home={member.workdir}",
+        "CapEff:\t0000000000000000", "ro", "hi", str(256 * 1024 * 1024),
+    ]  # fmt: skip
+
+
+def test_a_container_starts_once_and_goes_with_its_release(tmp_path: Path, image: str) -> None:
+    b = _backend(tmp_path)
+    member = _image_member(tmp_path, "5-0-0", image)
+    b.sandbox.prepare(member)
+    argv, _ = b.sandbox.argv(member, ("sleep", "300"))
+    first = subprocess.Popen(argv, env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    podman = [shutil.which("podman") or "podman", *images_mod.global_options()]
+
+    def running() -> bool:
+        ps = subprocess.run([*podman, "ps", "-q", "--filter", "name=^gpupool-5-0-0$"], capture_output=True, text=True)
+        return bool(ps.stdout.strip())
+
+    deadline = time.monotonic() + 60
+    while not running():
+        assert time.monotonic() < deadline, "the container did not start"
+        time.sleep(0.1)
+    second = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 125  # its name is taken: podman refuses a second start of one launch
+    assert "already in use" in second.stderr
+    first.kill()  # its wrapper killed hard: podman's monitor keeps the container running
+    first.wait()
+    assert running()
+    b.sandbox.release("5-0-0")
+    assert not running()
+
+
+def test_a_notebook_or_service_in_an_image_says_it_cannot(tmp_path: Path, image: str) -> None:
+    b = _backend(tmp_path)
+    spec = LaunchSpec("6-0-0", 6, "w", "vision", "inference", ("sh",), {}, port=8000, project_id=5)
+    member = Member("6-0-0", 5, "vision", b.workdir(6), tmp_path / "apps", True, 8000, 0, 0, image=image)
+    argv, _ = b.sandbox.argv(member, spec.argv)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == BUILD_FAILED
+    assert done.stdout.startswith("gpupool: an image is honoured for batch and training work on the local backend")
