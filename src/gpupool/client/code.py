@@ -140,7 +140,13 @@ def _link_target(root: Path, rel: str) -> str | None:
 
 def _largest(entries: list[tuple[str, int]], count: int = 5) -> str:
     top = sorted(entries, key=lambda e: (-e[1], e[0]))[:count]
-    return ", ".join(f"{path} ({size / 2**20:.1f} MiB)" for path, size in top)
+    return ", ".join(f"{path} ({human(size)})" for path, size in top)
+
+
+def human(size: int) -> str:
+    if size >= 2**20:
+        return f"{size / 2**20:.1f} MiB"
+    return f"{size / 1024:.1f} KiB" if size >= 1024 else f"{size} B"
 
 
 def pack(directory: Path | str, max_bytes: int, chunk_bytes: int) -> Packed:

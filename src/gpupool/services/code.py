@@ -116,7 +116,9 @@ def largest(manifest: CodeManifest, count: int = 5) -> str:
 
 
 def mib(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB"
+    if size >= 2**20:
+        return f"{size / 2**20:.1f} MiB"
+    return f"{size / 1024:.1f} KiB" if size >= 1024 else f"{size} B"
 
 
 def put_manifest(
