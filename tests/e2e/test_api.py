@@ -56,7 +56,7 @@ IMPOSSIBLE = [
     (["--gpu-memory", "100GiB", "--", "true"], "no device has more than"),
     (["--gpu-memory", "lots", "--", "true"], "expected a size"),
     (["--name", "Not_DNS", "--", "true"], "DNS-safe"),
-    (["--priority", "urgent", "--", "true"], "unknown priority class"),
+    (["--priority", "urgent", "--", "true"], "expected one of production, training, interactive, batch"),
     (["--gpus", "3", "--no-preemptible", "--", "true"], "not preemptible"),
     (["--env", "CUDA_VISIBLE_DEVICES=0", "--", "true"], "set by gpupool"),
     (["--env", "NOEQUALS", "--", "true"], "KEY=VALUE"),

@@ -65,7 +65,7 @@ def test_work_over_its_projects_limit_says_so_with_its_eta_and_its_start_records
     assert (text["State"], text["Reason"]) == ("pending", f"{reason} [over-limit]")
     assert text["Numbers"] == "queue=vision level=project pool=default resource=gpu used=1000 quota=1000 asks=1000"
     assert text["Position"] == "1 of 2 in project vision's queue (by priority, then submit time)"
-    assert text["ETA"] == f"{local(eta)}, in 1d0h ({DECLARED})"
+    assert text["ETA"] == f"{local(eta)}, in 1d ({DECLARED})"
     listed = {w["name"]: w for w in s.json("list", "-p", "vision")}
     assert (listed["waiter"]["eta"], listed["waiter"]["eta_basis"]) == (before["eta"], "declared")
 
@@ -90,7 +90,7 @@ def test_work_over_its_projects_limit_says_so_with_its_eta_and_its_start_records
     # describe's event log says both: under a minute waited, beside the day it was estimated at.
     log = s.cli("describe", "waiter").stdout.split("\nEvents:\n")[1].splitlines()
     (line,) = [x for x in log if "placed on" in x]
-    waited = f"waited {int(recorded['waited_s'])}s, estimated 1d0h (declared)"
+    waited = f"waited {int(recorded['waited_s'])}s, estimated 1d (declared)"
     assert line == f"  {local(placed['at'])}  {placed['state']:<10} {placed['reason']}; {waited}"
     # The one behind it is next, and still over vision's limit, now held by the waiter.
     following: dict[str, Any] = s.workload("next")
@@ -126,7 +126,7 @@ def test_work_waiting_for_a_lower_priority_jobs_minimum_runtime_says_until_when(
     assert (text["State"], text["Reason"]) == ("pending", f"{reason} [min-runtime]")
     assert text["Numbers"] == f"until={int(until)} victim='train' project=vision gpu_milli=1000"
     assert text["Position"] == "1 of 1 in project vision's queue (by priority, then submit time)"
-    assert text["ETA"] == f"{local(until)}, in 1d0h ({DECLARED})"
+    assert text["ETA"] == f"{local(until)}, in 1d ({DECLARED})"
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_work_waiting_for_a_lower_priority_jobs_minimum_runtime_says_until_when(
         ),
         (
             {"nodes": ["n"], "eta": 9e8, "eta_basis": "history", "estimated_wait_s": 7300.0, "waited_s": 5400.5},
-            "; waited 1h30m, estimated 2h01m (history)",
+            "; waited 1h30m, estimated 2h1m (history)",
         ),
         ({"nodes": ["n"]}, ""),  # a start recorded before estimates existed
     ],

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table, save_config
+from gpupool.cli import contexts
+from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
 from gpupool.cli.policy import _when
 from gpupool.models.access import ProjectSettings, TokenCreate
 
@@ -195,11 +196,11 @@ def audit_list(
 
 def logout() -> None:
     """Forget the saved token; a session token is revoked on the server too."""
-    cfg = load_config()
-    token = cfg.get("token")
-    if isinstance(token, str) and token.startswith("gps_"):
+    cfg = contexts.load()
+    token = cfg.context().get("token")
+    if token is not None and token.startswith("gps_"):
         with client() as c:
             c.logout()
-    cfg.pop("token", None)
-    path = save_config(cfg)
-    print(f"logged out; {path} keeps no token")
+    cfg.editable().pop("token", None)
+    path = contexts.save(cfg)
+    print(f"logged out; {path} keeps no token for context {cfg.selected()}")

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table, save_config
+from gpupool.cli import contexts
+from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
 from gpupool.client import ApiError, Client
 from gpupool.models.schemas import DepartmentCreate, LoginResponse, ProjectCreate, QueuePublic, QuotaUpdate, UserCreate
 
@@ -29,19 +30,25 @@ def login(
     sso: Annotated[
         bool, typer.Option("--sso", help="Sign in through the server's identity provider, in a browser.")
     ] = False,
+    context: Annotated[
+        str | None, typer.Option("--context", help="Save it as this context (default: the current one).")
+    ] = None,
 ) -> None:
     """Save the server and token for later commands (mode 600): a token you have, or (--sso) a session from
-    single sign-on, approved in a browser."""
+    single sign-on, approved in a browser. The context it is saved in becomes the current one."""
     if (token is None) == (not sso):
         fail("give --token TOKEN or --sso, one of them", 2)
     if token is None:
         token = _device_login(url)
     with Client(url, token) as c:
         me = c.whoami()
-    cfg = load_config()
-    cfg.update({"url": url, "token": token})
-    path = save_config(cfg)
-    print(f"logged in to {url} as {me.name} ({me.role}); saved in {path}")
+    cfg = contexts.load()
+    name = context or cfg.selected()
+    cfg.editable(name).update({"url": url, "token": token})
+    cfg.current = name
+    path = contexts.save(cfg)
+    where = "" if name == contexts.DEFAULT_CONTEXT else f" (context {name})"
+    print(f"logged in to {url} as {me.name} ({me.role}); saved in {path}{where}")
 
 
 def _device_login(url: str) -> str:

@@ -1,4 +1,5 @@
-"""Where the CLI finds the server: GPUPOOL_URL and GPUPOOL_TOKEN, else what `gpupool login` saved."""
+"""Where the CLI finds the server (GPUPOOL_URL and GPUPOOL_TOKEN, else the selected context of the settings file,
+gpupool.cli.contexts) and how it prints."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -15,9 +15,8 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from gpupool.cli import contexts
 from gpupool.client import Client
-
-DEFAULT_URL = "http://127.0.0.1:8470"
 
 
 class Output(StrEnum):
@@ -28,35 +27,21 @@ class Output(StrEnum):
 OutputOpt = typer.Option(Output.table, "-o", "--output", help="table, or json for scripts.")
 
 
-def config_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "gpupool" / "config.json"
-
-
-def load_config() -> dict[str, Any]:
-    try:
-        data = json.loads(config_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def save_config(data: dict[str, Any]) -> Path:
-    path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    return path
-
-
 def client() -> Client:
-    cfg = load_config()
-    url = os.environ.get("GPUPOOL_URL") or cfg.get("url") or DEFAULT_URL
-    token = os.environ.get("GPUPOOL_TOKEN") or cfg.get("token")
+    cfg = contexts.load()
+    name = cfg.selected()
+    if name not in cfg.contexts and (contexts.chosen or os.environ.get(contexts.CONTEXT_ENV)):
+        fail(f"no context {name!r}" + (f" (contexts: {', '.join(sorted(cfg.contexts))})" if cfg.contexts else ""), 2)
+    url, _ = contexts.setting(cfg, "url")
+    token, _ = contexts.setting(cfg, "token")
     if not token:
         fail("not logged in: run `gpupool login --url URL --token TOKEN`, or set GPUPOOL_URL and GPUPOOL_TOKEN")
-    return Client(url, token)
+    return Client(url or contexts.DEFAULT_URL, token)
+
+
+def default_project() -> str | None:
+    """-p's default: $GPUPOOL_PROJECT, else the selected context's project (`gpupool config set project NAME`)."""
+    return contexts.setting(contexts.load(), "project")[0]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

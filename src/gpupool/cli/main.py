@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from importlib import metadata
-from typing import NoReturn
+from importlib import import_module, metadata
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -88,14 +88,32 @@ def _simulate_app() -> typer.Typer:
     return simulate.app
 
 
-app = typer.Typer(help="gpupool: a self-service internal GPU cloud.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(help="gpupool: a self-service internal GPU cloud.", no_args_is_help=True)
 # An extra's command takes every argument as it comes (--help too) and hands them to the real command once loaded.
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpupool {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
-    """Manage GPU workloads, projects and quotas."""
+def _root(
+    context: Annotated[
+        str | None,
+        typer.Option("--context", envvar="GPUPOOL_CONTEXT", help="The saved context (server) to use this once."),
+    ] = None,
+    _version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Manage GPU workloads, projects and quotas. `gpupool --install-completion` turns on tab completion."""
+    from gpupool.cli import contexts
+
+    contexts.chosen = context
 
 
 @app.command()
@@ -127,7 +145,7 @@ def policies() -> None:
 
 
 def _register() -> None:
-    from gpupool.cli import access, admin, policy, pools, workloads
+    from gpupool.cli import access, admin, config_cmd, policy, pools, submit, workloads
 
     app.command()(admin.login)
     app.command()(admin.whoami)
@@ -144,8 +162,9 @@ def _register() -> None:
     admin.project_app.command("policy")(policy.policy)
     admin.department_app.command("policy")(policy.policy)
     app.add_typer(policy.report_app, name="report")
-    app.command()(workloads.submit)
-    app.command()(workloads.apply)
+    app.add_typer(config_cmd.config_app, name="config")
+    app.command()(submit.submit)
+    app.command()(submit.apply)
     app.command("list")(workloads.list_)
     app.command()(workloads.describe)
     app.command()(workloads.logs)
@@ -158,11 +177,33 @@ def _register() -> None:
 _register()
 
 
+# Typer vendors Click from 0.2x on (its errors derive from typer.TyperException); older ones raise Click's own.
+_UsageErrors: type[Exception] = getattr(typer, "TyperException", None) or import_module("click").ClickException
+
+
+def _usage_error(e: Any) -> NoReturn:
+    """A bad flag or value in one line on stderr, exit 2, as the CLI's own checks say theirs."""
+    ctx = getattr(e, "ctx", None)
+    if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        typer.echo(ctx.get_help())  # a bare group (`gpupool`, `gpupool config`) shows its help
+        raise SystemExit(e.exit_code)
+    message = " ".join(e.format_message().replace("Value error, ", "").split())
+    hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    print(f"error: {message}{hint}", file=sys.stderr)
+    raise SystemExit(e.exit_code)
+
+
 def main() -> None:
     from gpupool.client import ApiError
 
     try:
-        app()
+        code = app(standalone_mode=False)
+    except _UsageErrors as e:
+        _usage_error(e)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        raise SystemExit(1) from None
     except ApiError as e:
         print(f"error: {e.reason}" if e.status in (0, 400, 401, 403, 404, 409, 422) else f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)

@@ -4,7 +4,6 @@ reports."""
 from __future__ import annotations
 
 import csv
-import re
 import sys
 from datetime import UTC, datetime
 from typing import Annotated
@@ -12,20 +11,12 @@ from typing import Annotated
 import typer
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
+from gpupool.cli.durations import format_duration, parse_duration
+from gpupool.cli.submit import TYPES
 from gpupool.models.rightsizing import RightsizingLine
 from gpupool.models.schemas import PolicyPublic, PolicyUpdate
 
 report_app = typer.Typer(help="Usage, cost and right-sizing reports.", no_args_is_help=True)
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-TYPES = ("notebook", "training", "inference", "batch")
-
-
-def parse_duration(text: str) -> float:
-    m = _DURATION.match(text.strip())
-    if not m:
-        fail(f"{text!r}: expected a duration like 30m, 2h, 90s or 1d", 2)
-    return float(m.group(1)) * _UNIT[m.group(2) or "s"]
 
 
 def _limits(items: list[str] | None, flag: str) -> dict[str, float | None]:
@@ -34,7 +25,10 @@ def _limits(items: list[str] | None, flag: str) -> dict[str, float | None]:
         kind, sep, value = item.partition("=")
         if not sep or kind not in TYPES:
             fail(f"{flag} {item!r}: expected TYPE=DURATION (or TYPE=none), TYPE one of {', '.join(TYPES)}", 2)
-        out[kind] = None if value in ("none", "off", "") else parse_duration(value)
+        try:
+            out[kind] = None if value in ("none", "off", "") else parse_duration(value)
+        except ValueError as e:
+            fail(f"{flag} {item!r}: {e}", 2)
     return out
 
 
@@ -47,9 +41,9 @@ def _show(p: PolicyPublic) -> None:
             continue
         parts = []
         if idle is not None:
-            parts.append(f"idle timeout {idle:g}s ({p.source.get('idle_timeout.' + kind, '?')})")
+            parts.append(f"idle timeout {format_duration(idle)} ({p.source.get('idle_timeout.' + kind, '?')})")
         if run is not None:
-            parts.append(f"max runtime {run:g}s ({p.source.get('max_runtime.' + kind, '?')})")
+            parts.append(f"max runtime {format_duration(run)} ({p.source.get('max_runtime.' + kind, '?')})")
         print(f"  {kind:<10} " + ", ".join(parts))
     print(f"  idle below {p.idle_threshold_pct}% GPU utilisation")
 
@@ -68,16 +62,15 @@ def policy(
     output: Output = OutputOpt,
 ) -> None:
     """Show, or set (admins), the idle and runtime limits of a department or project."""
+    body = None
+    if idle_timeout or max_runtime or threshold is not None:
+        body = PolicyUpdate(
+            idle_timeout_s=_limits(idle_timeout, "--idle-timeout"),
+            max_runtime_s=_limits(max_runtime, "--max-runtime"),
+            idle_threshold_pct=threshold,
+        )
     with client() as c:
-        if idle_timeout or max_runtime or threshold is not None:
-            body = PolicyUpdate(
-                idle_timeout_s=_limits(idle_timeout, "--idle-timeout"),
-                max_runtime_s=_limits(max_runtime, "--max-runtime"),
-                idle_threshold_pct=threshold,
-            )
-            p = c.update_policy(name, body)
-        else:
-            p = c.get_policy(name)
+        p = c.get_policy(name) if body is None else c.update_policy(name, body)
     emit_json(p) if output is Output.json else _show(p)
 
 

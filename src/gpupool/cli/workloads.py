@@ -1,129 +1,31 @@
-"""Submitting and following workloads, and the GPU map."""
+"""Listing, describing and following workloads, and the GPU map (submitting them: gpupool.cli.submit)."""
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Annotated, Any
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Annotated
 
 import typer
-import yaml
-from pydantic import ValidationError
+from rich.console import Console
 
-from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, load_config, print_table
-from gpupool.cli.policy import parse_duration
+from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
+from gpupool.cli.durations import format_duration
+from gpupool.cli.submit import ProjectOpt
+from gpupool.cli.table import Column, print_fitted, terminal_width
 from gpupool.client import Client
-from gpupool.lifecycle.events import EventCode, duration
+from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import QUEUED, Phase
-from gpupool.models.schemas import EventPublic, WorkloadCreate, WorkloadDetail, WorkloadPublic
+from gpupool.models.schemas import EventPublic, WorkloadDetail, WorkloadPublic
 
-ProjectOpt = Annotated[str | None, typer.Option("-p", "--project", help="The project (default: your only one).")]
-
-
-def _project(c: Client, project: str | None) -> str:
-    if project:
-        return project
-    if load_config().get("project"):
-        return str(load_config()["project"])
-    mine = c.whoami().projects
-    if len(mine) == 1:
-        return mine[0]
-    fail("say which project with -p PROJECT" + (f" (yours: {', '.join(mine)})" if mine else ""), 2)
-
-
-def _validation(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'workload'}: {err['msg']}" for err in e.errors())
-
-
-def _submitted(w: Any, output: Output) -> None:
-    if output is Output.json:
-        emit_json(w)
-    else:
-        print(f"workload {w.name} submitted to {w.project} ({w.type}, {w.gpu_request}, {w.priority}): {w.state}")
-
-
-def submit(
-    command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
-    project: ProjectOpt = None,
-    name: Annotated[str | None, typer.Option("--name", help="A DNS-safe name (default: generated).")] = None,
-    type_: Annotated[str, typer.Option("--type", help="notebook, training, inference or batch.")] = "training",
-    gpu: Annotated[float | None, typer.Option("--gpu", help="A fraction of one GPU, e.g. 0.25.")] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", help="Whole GPUs (per worker).")] = None,
-    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="GPU memory, e.g. 20GiB.")] = None,
-    workers: Annotated[int, typer.Option("--workers", help="Gang members, started all at once.")] = 1,
-    priority: Annotated[
-        str | None, typer.Option("--priority", help="production, training, interactive, batch.")
-    ] = None,
-    preemptible: Annotated[bool | None, typer.Option("--preemptible/--no-preemptible")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="The port a notebook or service listens on.")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", help="K=V (repeatable).")] = None,
-    grace: Annotated[float | None, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL.")] = None,
-    max_duration: Annotated[
-        str | None, typer.Option("--max-duration", help="Stopped once it has run this long, e.g. 4h (and ETAs use it).")
-    ] = None,
-    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Retry-safe submit.")] = None,
-    output: Output = OutputOpt,
-) -> None:
-    """Submit a workload: `gpupool submit -p vision --gpus 2 -- python train.py`."""
-    pairs: dict[str, str] = {}
-    for item in env or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            fail(f"--env {item!r}: expected KEY=VALUE", 2)
-        pairs[key] = value
-    with client() as c:
-        fields: dict[str, Any] = {
-            "project": _project(c, project), "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
-            "gpu_memory": gpu_memory, "workers": workers, "priority": priority, "preemptible": preemptible,
-            "port": port, "env": pairs, "command": list(command or []), "grace_s": grace,
-            "max_duration_s": None if max_duration is None else parse_duration(max_duration),
-        }  # fmt: skip
-        try:
-            body = WorkloadCreate.model_validate(fields)
-        except ValidationError as e:
-            fail(_validation(e), 2)
-        _submitted(c.submit(body, idempotency_key), output)
-
-
-def apply(
-    file: Annotated[Path, typer.Option("-f", "--file", help="A workload in YAML (the fields of submit).")],
-    output: Output = OutputOpt,
-) -> None:
-    """Submit the workload described in a YAML file."""
-    try:
-        data = yaml.safe_load(file.read_text() if str(file) != "-" else sys.stdin.read())
-    except OSError as e:
-        fail(f"cannot read {file}: {e.strerror}", 2)
-    except yaml.YAMLError as e:
-        fail(f"{file} is not valid YAML: {str(e).splitlines()[0]}", 2)
-    if not isinstance(data, dict):
-        fail(f"{file}: expected a mapping of workload fields (project, name, type, gpus, command, ...)", 2)
-    data = {str(k).replace("-", "_"): v for k, v in data.items()}
-    if "max_duration" in data:  # a duration as submit takes it ("4h"); the API's field is in seconds
-        declared = data.pop("max_duration")
-        data["max_duration_s"] = parse_duration(str(declared)) if declared is not None else None
-    # Not a field of the workload: the submit's retry key, sent as the Idempotency-Key header.
-    key = data.pop("idempotency_key", None)
-    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 128):
-        fail(f"{file}: idempotency_key is a string of 1 to 128 characters", 2)
-    with client() as c:
-        if "project" not in data:
-            data["project"] = _project(c, None)
-        try:
-            body = WorkloadCreate.model_validate(data)
-        except ValidationError as e:
-            fail(f"{file}: {_validation(e)}", 2)
-        _submitted(c.submit(body, key), output)
+LOG_TAIL = 20
+"""Lines of a failed workload's log that `describe` shows."""
 
 
 def _age(since: float) -> str:
-    s = max(0, int(time.time() - since))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size}{unit}"
-    return f"{s}s"
+    return format_duration(time.time() - since)
 
 
 _BASIS = {
@@ -134,12 +36,7 @@ _BASIS = {
 
 
 def _span(seconds: float) -> str:
-    s = int(seconds)
-    if s >= 86400:
-        return f"{s // 86400}d{s % 86400 // 3600}h"
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{max(1, s // 60)}m"
+    return format_duration(seconds, smallest="m")
 
 
 def eta_text(w: WorkloadPublic, now: float | None = None) -> str:
@@ -159,10 +56,17 @@ def _relative(at: float, now: float | None = None) -> str:
 def list_(
     project: ProjectOpt = None,
     state: Annotated[str | None, typer.Option("--state", help="Only workloads in this state.")] = None,
+    watch: Annotated[bool, typer.Option("-w", "--watch", help="Refresh every 2 seconds until Ctrl-C.")] = False,
     output: Output = OutputOpt,
 ) -> None:
-    """List workloads you can see, newest first."""
+    """List workloads you can see, newest first. Names are never cut: columns that do not fit the terminal are
+    left out instead (PRIORITY, TYPE, ETA, NODE/DEVICES, PROJECT, GPUS, AGE, in that order)."""
+    if state is not None and state not in tuple(Phase):
+        fail(f"--state {state!r}: expected one of {', '.join(Phase)}", 2)
     with client() as c:
+        if watch:
+            _watch(lambda: c.list_workloads(project, state), output)
+            return
         rows = c.list_workloads(project, state)
     if output is Output.json:
         emit_json(rows)
@@ -170,18 +74,46 @@ def list_(
     print_list(rows)
 
 
-def print_list(rows: Sequence[WorkloadPublic]) -> None:
-    """The table `list` prints: a queued workload's REASON is its blocker in a few words, a live one's its node."""
-    print_table(
-        None,
-        ("NAME", "PROJECT", "TYPE", "PRIORITY", "STATE", "GPUS", "NODE/DEVICES", "REASON", "ETA", "AGE"),
-        (
-            (w.name, w.project, w.type, w.priority, w.state, w.gpu_request,
-             f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-",
-             w.reason_short if w.state in QUEUED else "-", eta_text(w), _age(w.created_at))
-            for w in rows
-        ),
-    )  # fmt: skip
+WATCH_EVERY_S = 2.0
+
+
+def _watch(fetch: Callable[[], list[WorkloadPublic]], output: Output) -> None:
+    """Print the list again every WATCH_EVERY_S (over the last one on a terminal) until Ctrl-C, which ends it
+    quietly: watching has no other way to end."""
+    console = Console(width=terminal_width())
+    try:
+        while True:
+            rows = fetch()
+            if console.is_terminal:
+                console.clear()
+            if output is Output.json:
+                emit_json(rows)
+            else:
+                print(f"every {WATCH_EVERY_S:g}s, Ctrl-C to stop; {time.strftime('%H:%M:%S')}")
+                print_list(rows, console)
+            sys.stdout.flush()
+            time.sleep(WATCH_EVERY_S)  # the refresh interval, not a wait for anything
+    except KeyboardInterrupt:
+        print()
+
+
+LIST_COLUMNS = (
+    Column("NAME"), Column("PROJECT", drop=4), Column("TYPE", drop=7), Column("PRIORITY", drop=8), Column("STATE"),
+    Column("GPUS", drop=3), Column("NODE/DEVICES", drop=5), Column("REASON", drop=1, wrap=True),
+    Column("ETA", drop=6), Column("AGE", drop=2),
+)  # fmt: skip
+
+
+def print_list(rows: Sequence[WorkloadPublic], console: Console | None = None) -> None:
+    """The table `list` prints: a queued workload's REASON is its blocker in a few words, a live one's its node.
+    It fits the terminal's width by leaving columns out (LIST_COLUMNS' drop order), never by cutting a name."""
+    cells = [
+        (w.name, w.project, w.type, w.priority, w.state, w.gpu_request,
+         f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-",
+         w.reason_short if w.state in QUEUED else "-", eta_text(w), _age(w.created_at))
+        for w in rows
+    ]  # fmt: skip
+    print_fitted(LIST_COLUMNS, cells, console)
 
 
 def describe_text(d: WorkloadDetail) -> None:
@@ -218,13 +150,17 @@ def describe_text(d: WorkloadDetail) -> None:
     limits = []
     if d.idle_timeout_s is not None:
         what = "suspended" if d.type == "notebook" else "stopped"
-        limits.append(f"{what} after {d.idle_timeout_s:g}s below {d.idle_threshold_pct}% GPU")
+        limits.append(f"{what} after {format_duration(d.idle_timeout_s)} below {d.idle_threshold_pct}% GPU")
     if d.max_runtime_s is not None:
-        limits.append(f"runs at most {d.max_runtime_s:g}s")
+        limits.append(f"runs at most {format_duration(d.max_runtime_s)}")
     if d.max_duration_s is not None:
-        limits.append(f"declared max duration {duration(d.max_duration_s)}")
+        limits.append(f"declared max duration {format_duration(d.max_duration_s)}")
     if limits:
-        idle = f"; idle for {time.time() - d.idle_since:.0f}s now" if d.idle_since and d.state == Phase.RUNNING else ""
+        idle = (
+            f"; idle for {format_duration(time.time() - d.idle_since)} now"
+            if d.idle_since and d.state == Phase.RUNNING
+            else ""
+        )
         print(f"Policy:      {', '.join(limits)}{idle}")
     if d.command:
         print(f"Command:     {' '.join(d.command)}")
@@ -242,7 +178,7 @@ def describe_text(d: WorkloadDetail) -> None:
 
 
 def _wait(seconds: float) -> str:
-    return f"{max(0, int(seconds))}s" if seconds < 60 else _span(seconds)
+    return format_duration(seconds)
 
 
 def start_note(e: EventPublic) -> str:
@@ -257,10 +193,43 @@ def start_note(e: EventPublic) -> str:
 
 
 def describe(name: str, project: ProjectOpt = None, output: Output = OutputOpt) -> None:
-    """Everything about one workload, including why it is pending."""
+    """Everything about one workload, including why it is pending, and the end of its log if it failed."""
     with client() as c:
         d = c.describe(name, project)
-    emit_json(d) if output is Output.json else describe_text(d)
+        if output is Output.json:
+            emit_json(d)
+            return
+        describe_text(d)
+        if d.state == Phase.FAILED:
+            rank = failed_member(d)
+            lines = log_tail(c, d, rank)
+            print(f"Log of member {rank} (last {LOG_TAIL} lines):" if lines else f"Log of member {rank}: empty")
+            for line in lines:
+                print(f"  {line}")
+
+
+def failed_member(d: WorkloadDetail) -> int:
+    """The member whose exit failed the workload (its last failure event says), else the first."""
+    for e in reversed(d.events):
+        if isinstance(e.args.get("member"), int) and e.args.get("exit_code") != 0:
+            return int(e.args["member"])
+    return 0
+
+
+def _chunks(c: Client, ref: str, project: str | None, rank: int) -> tuple[list[bytes], str]:
+    """A member's whole log so far, as the server hands it out, and the workload's state."""
+    out: list[bytes] = []
+    offset = 0
+    while True:
+        data, offset, state = c.logs(ref, project, rank, offset)
+        if not data:
+            return out, state
+        out.append(data)
+
+
+def log_tail(c: Client, d: WorkloadDetail, rank: int, lines: int = LOG_TAIL) -> list[str]:
+    chunks, _ = _chunks(c, d.name, d.project, rank)
+    return list(deque(b"".join(chunks).decode(errors="replace").splitlines(), maxlen=lines))
 
 
 def logs(
@@ -269,17 +238,22 @@ def logs(
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep streaming until it ends.")] = False,
     rank: Annotated[int, typer.Option("--rank", help="Which gang member.")] = 0,
 ) -> None:
-    """Print a workload's output; with -f, stream it as it is written until the workload ends."""
+    """Print a workload's output; with -f, stream it as it is written until the workload ends. Of a workload
+    that has not started, say so and why (on stderr)."""
     out = sys.stdout.buffer
     with client() as c:
+        chunks, state = _chunks(c, name, project, rank)
+        if not chunks and state in QUEUED:
+            d = c.describe(name, project)
+            waiting = "; its output follows once it starts" if follow else ""
+            print(f"{d.name} is {d.state}, no output yet: {d.reason}{waiting}", file=sys.stderr, flush=True)
+        for data in chunks:
+            out.write(data)
+        out.flush()
         if follow:
-            for data in c.follow_logs(name, project, rank):
+            for data in c.follow_logs(name, project, rank, sum(len(d) for d in chunks)):
                 out.write(data)
                 out.flush()
-            return
-        data, _, _ = c.logs(name, project, rank, 0)
-        out.write(data)
-        out.flush()
 
 
 def cancel(name: str, project: ProjectOpt = None, output: Output = OutputOpt) -> None:

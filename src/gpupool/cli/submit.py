@@ -1,0 +1,175 @@
+"""`gpupool submit` and `gpupool apply`: a workload from flags or from a YAML file, checked before it is sent."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, get_args
+
+import typer
+import yaml
+from pydantic import ValidationError
+
+from gpupool.cli.connection import Output, OutputOpt, client, default_project, emit_json, fail
+from gpupool.cli.durations import duration_flag, parse_duration
+from gpupool.client import Client
+from gpupool.models.schemas import WorkloadCreate, WorkloadPublic, WorkloadType
+
+TYPES: tuple[str, ...] = get_args(WorkloadType)
+PRIORITIES = ("production", "training", "interactive", "batch")
+"""The server's priority classes (gpupool.core.priority.DEFAULT_CLASSES; a test keeps the two the same). Named here
+because the CLI's distribution does not carry the core."""
+
+ProjectOpt = Annotated[
+    str | None,
+    typer.Option("-p", "--project", help="The project (default: `gpupool config set project`, else your only one)."),
+]
+
+
+def project_of(c: Client, project: str | None) -> str:
+    chosen = project or default_project()
+    if chosen:
+        return chosen
+    mine = c.whoami().projects
+    if len(mine) == 1:
+        return mine[0]
+    fail("say which project with -p PROJECT" + (f" (yours: {', '.join(mine)})" if mine else ""), 2)
+
+
+def choice(value: str | None, flag: str, valid: tuple[str, ...]) -> None:
+    if value is not None and value not in valid:
+        fail(f"{flag} {value!r}: expected one of {', '.join(valid)}", 2)
+
+
+def _validation(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'workload'}: {err['msg']}" for err in e.errors())
+
+
+def _submitted(w: WorkloadPublic, output: Output) -> None:
+    if output is Output.json:
+        emit_json(w)
+    else:
+        print(f"workload {w.name} submitted to {w.project} ({w.type}, {w.gpu_request}, {w.priority}): {w.state}")
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as docker's --env-file and .env files have them: blank lines and # comments skipped, an
+    optional `export `, one pair of matching quotes around a value removed."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        fail(f"--env-file {path}: {e.strerror}", 2)
+    out: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.removeprefix("export ").partition("=")
+        key = key.strip()
+        if not sep or not key or any(c.isspace() for c in key):
+            fail(f"--env-file {path}:{number}: expected KEY=VALUE, got {raw.strip()[:60]!r}", 2)
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key] = value
+    return out
+
+
+def _pairs(items: list[str] | None) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            fail(f"--env {item!r}: expected KEY=VALUE", 2)
+        pairs[key] = value
+    return pairs
+
+
+def submit(
+    command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
+    project: ProjectOpt = None,
+    name: Annotated[str | None, typer.Option("--name", help="A DNS-safe name (default: generated).")] = None,
+    type_: Annotated[str, typer.Option("--type", help=f"{', '.join(TYPES)}.")] = "training",
+    gpu: Annotated[float | None, typer.Option("--gpu", help="A fraction of one GPU, e.g. 0.25.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="Whole GPUs (per worker).")] = None,
+    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="GPU memory, e.g. 20GiB.")] = None,
+    cpu: Annotated[float | None, typer.Option("--cpu", help="CPU cores per member, e.g. 4 or 0.5.")] = None,
+    memory: Annotated[str | None, typer.Option("--memory", help="Host memory per member, e.g. 16GiB.")] = None,
+    pools: Annotated[list[str] | None, typer.Option("--pool", help="A pool it may run in (repeatable).")] = None,
+    image: Annotated[str | None, typer.Option("--image", help="A container image to run the command in.")] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Gang members, started all at once.")] = 1,
+    priority: Annotated[str | None, typer.Option("--priority", help=f"{', '.join(PRIORITIES)}.")] = None,
+    preemptible: Annotated[bool | None, typer.Option("--preemptible/--no-preemptible")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="The port a notebook or service listens on.")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE (repeatable; over --env-file's).")] = None,
+    env_file: Annotated[Path | None, typer.Option("--env-file", help="A file of KEY=VALUE lines.")] = None,
+    grace: Annotated[
+        float | None, typer.Option("--grace", parser=duration_flag, help="From SIGTERM to SIGKILL, e.g. 30s.")
+    ] = None,
+    max_duration: Annotated[
+        float | None,
+        typer.Option("--max-duration", parser=duration_flag, help="Stopped once it has run this long, e.g. 4h or 3d."),
+    ] = None,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Retry-safe submit.")] = None,
+    output: Output = OutputOpt,
+) -> None:
+    """Submit a workload: `gpupool submit -p vision --gpus 1 -- python train.py`."""
+    choice(type_, "--type", TYPES)
+    choice(priority, "--priority", PRIORITIES)
+    pairs = (read_env_file(env_file) if env_file else {}) | _pairs(env)
+    with client() as c:
+        fields: dict[str, Any] = {
+            "project": project_of(c, project), "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
+            "gpu_memory": gpu_memory, "cpu": cpu, "memory": memory, "pools": pools or [], "image": image,
+            "workers": workers, "priority": priority, "preemptible": preemptible, "port": port, "env": pairs,
+            "command": list(command or []), "grace_s": grace, "max_duration_s": max_duration,
+        }  # fmt: skip
+        try:
+            body = WorkloadCreate.model_validate(fields)
+        except ValidationError as e:
+            fail(_validation(e), 2)
+        _submitted(c.submit(body, idempotency_key), output)
+
+
+def _durations(data: dict[str, Any], file: Path) -> None:
+    """`max_duration: 4h` and `grace: 30s` as submit takes them; the API's fields are in seconds."""
+    for field, api in (("max_duration", "max_duration_s"), ("grace", "grace_s")):
+        if field not in data:
+            continue
+        declared = data.pop(field)
+        try:
+            data[api] = None if declared is None else parse_duration(str(declared))
+        except ValueError as e:
+            fail(f"{file}: {field}: {e}", 2)
+
+
+def apply(
+    file: Annotated[Path, typer.Option("-f", "--file", help="A workload in YAML (the fields of submit).")],
+    output: Output = OutputOpt,
+) -> None:
+    """Submit the workload described in a YAML file."""
+    try:
+        data = yaml.safe_load(file.read_text() if str(file) != "-" else sys.stdin.read())
+    except OSError as e:
+        fail(f"cannot read {file}: {e.strerror}", 2)
+    except yaml.YAMLError as e:
+        fail(f"{file} is not valid YAML: {str(e).splitlines()[0]}", 2)
+    if not isinstance(data, dict):
+        fail(f"{file}: expected a mapping of workload fields (project, name, type, gpus, command, ...)", 2)
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    _durations(data, file)
+    for field, valid in (("type", TYPES), ("priority", PRIORITIES)):
+        if data.get(field) is not None and data[field] not in valid:
+            fail(f"{file}: {field} {data[field]!r}: expected one of {', '.join(valid)}", 2)
+    # Not a field of the workload: the submit's retry key, sent as the Idempotency-Key header.
+    key = data.pop("idempotency_key", None)
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 128):
+        fail(f"{file}: idempotency_key is a string of 1 to 128 characters", 2)
+    with client() as c:
+        if "project" not in data:
+            data["project"] = project_of(c, None)
+        try:
+            body = WorkloadCreate.model_validate(data)
+        except ValidationError as e:
+            fail(f"{file}: {_validation(e)}", 2)
+        _submitted(c.submit(body, key), output)

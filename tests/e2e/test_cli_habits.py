@@ -1,0 +1,208 @@
+"""The CLI as people expect it, against a real server: every flag of submit, human durations, contexts and a default
+project, a list that never cuts a name at 80 columns and refreshes until Ctrl-C, the end of a failed job's log in
+describe, logs of a pending job that say why, --version and shell completion; bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rich.cells import cell_len
+
+from tests.e2e.conftest import GPUPOOL, Server, wait_for
+
+LONG = "a-very-long-workload-name-of-sixty-three-characters-0123456789a"
+
+
+def run(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=60, input=stdin)
+
+
+def cli_env(s: Server, **extra: str) -> dict[str, str]:
+    return s.env | {"GPUPOOL_URL": s.url, "GPUPOOL_TOKEN": s.admin_token} | extra
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("submit", "--type", "tpu", "--", "true"), "error: --type 'tpu': expected one of notebook, training, "
+         "inference, batch"),
+        (("submit", "--priority", "urgent", "--", "true"), "error: --priority 'urgent': expected one of production, "
+         "training, interactive, batch"),
+        (("submit", "--max-duration", "3x", "--", "true"), "error: Invalid value for '--max-duration': '3x' is not a "
+         "duration (like 30m, 1h30m, 3d, 90s or seconds) (see gpupool submit --help)"),
+        (("submit", "--max-duration", "30m1h", "--", "true"), "error: Invalid value for '--max-duration': '30m1h' is "
+         "not a duration: give each unit once, largest first (like 1h30m) (see gpupool submit --help)"),
+        (("project", "policy", "vision", "--idle-timeout", "notebook=soon"), "error: --idle-timeout 'notebook=soon': "
+         "'soon' is not a duration (like 30m, 1h30m, 3d, 90s or seconds)"),
+        (("list", "--state", "done"), "error: --state 'done': expected one of pending, starting, running, preempted, "
+         "suspended, succeeded, failed, cancelled"),
+        (("list", "--bogus"), "error: No such option: --bogus (see gpupool list --help)"),
+        (("config", "set", "colour", "red"), "error: 'colour': expected one of url, token, project"),
+    ],
+)  # fmt: skip
+def test_bad_choices_and_durations_are_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")} | {"XDG_CONFIG_HOME": str(tmp_path)}
+    done = run(env, *args)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
+
+
+def test_version_and_shell_completion(tmp_path: Path) -> None:
+    from gpupool import __version__
+
+    env = os.environ | {"XDG_CONFIG_HOME": str(tmp_path)}
+    assert run(env, "--version").stdout == f"gpupool {__version__}\n"
+    script = run(env, "--show-completion", "bash")
+    assert script.returncode == 0 and "_GPUPOOL_COMPLETE=complete_bash" in script.stdout
+    # What bash asks the script for when the user types `gpupool con<TAB>`.
+    asked = env | {"_GPUPOOL_COMPLETE": "complete_bash", "COMP_WORDS": "gpupool con", "COMP_CWORD": "1"}
+    assert run(asked).stdout.split() == ["config"]
+
+
+def test_submit_takes_every_field_with_human_durations_and_an_env_file(
+    make_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    s = make_server("fake:2xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "2")
+    env_file = tmp_path / "run.env"
+    env_file.write_text('# for the run\nLR=0.1\nexport EPOCHS=3\nTAG="a b"\n\nSEED=1\n')
+    s.cli("submit", "-p", "vision", "--name", "full", "--gpu", "0.5", "--cpu", "0.5", "--memory", "1GiB",
+          "--pool", "default", "--priority", "interactive", "--max-duration", "3d", "--grace", "1m30s",
+          "--env-file", str(env_file), "--env", "SEED=2", "--", "sh", "-c",
+          "echo $LR $EPOCHS $TAG $SEED; sleep 600")  # fmt: skip
+    d = s.workload("full")
+    assert (d["priority"], d["max_duration_s"], d["grace_s"]) == ("interactive", 259200.0, 90.0)
+    assert d["env"] == {"LR": "0.1", "EPOCHS": "3", "TAG": "a b", "SEED": "2"}
+    assert "declared max duration 3d" in s.cli("describe", "full").stdout
+    s.wait_state("full", "running")
+    wait_for(lambda: s.cli("logs", "full").stdout == "0.1 3 a b 2\n", 30, "the environment in its output")
+    # The resources reach the server: an unknown pool and more CPU than any node has are refused there.
+    refused = s.cli("submit", "-p", "vision", "--pool", "nowhere", "--", "true", check=False)
+    assert (refused.returncode, "nowhere" in refused.stderr) == (1, True)
+    refused = s.cli("submit", "-p", "vision", "--cpu", "100000", "--", "true", check=False)
+    assert (refused.returncode, "cpu" in refused.stderr.lower()) == (1, True)
+    missing = tmp_path / "missing.env"
+    bad = s.cli("submit", "-p", "vision", "--env-file", str(missing), "--", "true", check=False)
+    assert (bad.returncode, bad.stderr) == (2, f"error: --env-file {missing}: No such file or directory\n")
+    env_file.write_text("LR=0.1\nnot a pair\n")
+    bad = s.cli("submit", "-p", "vision", "--env-file", str(env_file), "--", "true", check=False)
+    assert (bad.returncode, bad.stderr) == (
+        2,
+        f"error: --env-file {env_file}:2: expected KEY=VALUE, got 'not a pair'\n",
+    )
+
+
+def test_list_shows_every_name_whole_at_80_columns_leaving_columns_out(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    names = [LONG, "train-resnet", "nb-1"]
+    for name in names:
+        s.cli("submit", "-p", "vision", "--name", name, "--gpus", "1", "--", "sleep", "600")
+    s.wait_state(LONG, "running")
+    narrow = run(cli_env(s, COLUMNS="80"), "list").stdout.splitlines()
+    assert max(cell_len(line) for line in narrow) <= 80
+    assert [sum(f"│ {name} " in line for line in narrow) for name in names] == [1, 1, 1]
+    assert [h for h in ("NAME", "PROJECT", "STATE", "REASON", "PRIORITY") if f" {h} " in narrow[1]] == ["NAME", "STATE"]
+    wide = run(cli_env(s, COLUMNS="220"), "list").stdout.splitlines()
+    headers = ["NAME", "PROJECT", "TYPE", "PRIORITY", "STATE", "GPUS", "NODE/DEVICES", "REASON", "ETA", "AGE"]
+    assert [h for h in headers if f" {h} " in wide[1]] == headers
+    assert len(wide) == 3 + len(names) + 1  # one line a row
+
+
+def test_list_watch_refreshes_until_ctrl_c_and_ends_without_a_traceback(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    s.cli("submit", "-p", "vision", "--name", "watched", "--", "sleep", "600")
+    proc = subprocess.Popen([GPUPOOL, "list", "--watch"], env=cli_env(s), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        while sum(line.startswith("every 2s") for line in seen) < 2:  # two refreshes, the second 2 s on
+            seen.append(proc.stdout.readline())
+            assert seen[-1], f"the watch ended early: {''.join(seen)}"
+        assert any("│ watched " in line for line in seen)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == (0, "")
+
+
+def test_describe_of_a_failed_job_shows_the_end_of_its_log(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    s.cli("submit", "-p", "vision", "--name", "broken", "--", "sh", "-c", "seq -f 'line %g' 1 30; exit 3")
+    s.wait_state("broken", "failed")
+    text = s.cli("describe", "broken").stdout
+    tail = text.split("Log of member 0 (last 20 lines):\n")[1].splitlines()
+    assert tail == [f"  line {i}" for i in range(11, 31)]
+    assert s.workload("broken")["exit_code"] == 3
+
+
+def test_logs_of_a_pending_job_say_it_is_pending_and_why(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    s.cli("submit", "-p", "vision", "--name", "hog", "--gpus", "1", "--", "sleep", "600")
+    s.wait_state("hog", "running")
+    s.cli("submit", "-p", "vision", "--name", "waiter", "--gpus", "1", "--", "echo", "hello")
+    reason = wait_for(lambda: s.workload("waiter")["reason_code"] and s.workload("waiter")["reason"], 30, "a reason")
+    done = s.cli("logs", "waiter")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", f"waiter is pending, no output yet: {reason}\n")
+    # Followed, it says so once, then streams the output once it runs.
+    follow = subprocess.Popen([GPUPOOL, "logs", "waiter", "-f"], env=cli_env(s), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert follow.stderr is not None
+        note = f"waiter is pending, no output yet: {reason}; its output follows once it starts\n"
+        assert follow.stderr.readline() == note
+        s.cli("cancel", "hog")
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+    assert (follow.returncode, out, err) == (0, "hello\n", "")
+
+
+def test_contexts_hold_servers_tokens_and_a_default_project(make_server: Callable[..., Server], tmp_path: Path) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    s.cli("project", "create", "nlp", "--deserved-gpus", "1")
+    env = {k: v for k, v in s.env.items() if not k.startswith("GPUPOOL_")} | {"XDG_CONFIG_HOME": str(tmp_path)}
+    saved = tmp_path / "gpupool" / "config.json"
+    saved.parent.mkdir()
+    saved.write_text(json.dumps({"url": "http://127.0.0.1:1", "token": "gp_old"}))  # an older gpupool's file
+    saved.chmod(0o644)
+    login = run(env, "login", "--url", s.url, "--token", s.admin_token, "--context", "lab")
+    assert login.stdout == f"logged in to {s.url} as admin (admin); saved in {saved} (context lab)\n"
+    assert saved.stat().st_mode & 0o777 == 0o600
+    assert run(env, "config", "set", "project", "vision").returncode == 0
+    # The admin is in no project: the context's default project is where a submit without -p goes.
+    assert run(env, "submit", "--name", "here", "--", "true").returncode == 0
+    assert run(env | {"GPUPOOL_PROJECT": "nlp"}, "submit", "--name", "there", "--", "true").returncode == 0
+    assert [s.workload(n)["project"] for n in ("here", "there")] == ["vision", "nlp"]
+    token = f"{s.admin_token[:4]}…{s.admin_token[-4:]}"
+    assert run(env, "config", "get").stdout == (
+        f"context: lab\nurl:     {s.url}  (context lab)\ntoken:   {token}  (context lab)\n"
+        "project: vision  (context lab)\n"
+    )
+    assert run(env, "config", "get", "project").stdout == "vision\n"
+    listed = run(env, "config", "get-contexts", "-o", "json")
+    assert json.loads(listed.stdout) == {"current": "lab", "contexts": {
+        "default": {"url": "http://127.0.0.1:1", "token": None},
+        "lab": {"url": s.url, "token": None, "project": "vision"},
+    }}  # fmt: skip
+    # The old server is the default context: selected once, or made current, commands go there.
+    assert run(env, "--context", "default", "whoami").returncode == 1
+    assert run(env, "config", "use-context", "default").stdout == "current context: default (http://127.0.0.1:1)\n"
+    assert run(env, "whoami").returncode == 1
+    assert run(env, "--context", "lab", "whoami").stdout == "admin (admin); projects: none\n"
+    assert run(env | {"GPUPOOL_CONTEXT": "lab"}, "whoami").stdout == "admin (admin); projects: none\n"
+    nowhere = run(env, "--context", "nowhere", "whoami")
+    assert (nowhere.returncode, nowhere.stderr) == (2, "error: no context 'nowhere' (contexts: default, lab)\n")
+    missing = run(env, "config", "use-context", "nowhere")
+    assert (missing.returncode, missing.stderr) == (2, "error: no context 'nowhere' (contexts: default, lab)\n")
