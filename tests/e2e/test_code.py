@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.client import Client
 from gpupool.client.client import ApiError
-from gpupool.client.code import CodeError, fetch, upload, upload_tree
+from gpupool.client.code import CodeError, fetch, pack, upload, upload_tree
 from gpupool.models.schemas import CodeFile, CodeManifest, UserCreate, WorkloadCreate
 from gpupool.services import code as code_service
 from gpupool.store.tables import WorkloadRow
@@ -143,3 +143,22 @@ def test_a_tree_over_the_limit_is_refused_naming_its_largest_files(org_server: S
         "(list what it need not carry in .gpupoolignore)"
     )
     os.unlink(src / "dataset.bin")
+
+
+def test_collection_forgets_only_what_no_workload_names(org_server: Server, tmp_path: Path) -> None:
+    s = org_server
+    ana = _member(s, "ana", "vision")
+    kept = _tree(tmp_path / "kept")
+    ana.submit(WorkloadCreate(project="vision", name="keep", command=["true"], code=upload(ana, kept, "vision")))
+    dropped = tmp_path / "dropped"
+    dropped.mkdir()
+    (dropped / "only-here.py").write_text("print('never submitted')\n")
+    upload(ana, dropped, "vision")
+    with pytest.raises(ApiError) as member:
+        ana.collect_code(0)
+    assert member.value.status == 403
+    manifest = pack(dropped, 2**20, 2**20).manifest.canonical()
+    assert s.client().collect_code(0) == {"manifests": 1, "blobs": 2, "bytes": 25 + len(manifest)}
+    assert upload_tree(ana, kept, "vision").blobs_sent == 0  # named by a workload: nothing was collected
+    assert upload_tree(ana, dropped, "vision").blobs_sent == 1
+    assert ana.describe("keep").code_files == 5
