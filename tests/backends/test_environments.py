@@ -17,20 +17,10 @@ from gpupool.backends.local import images as images_mod
 from gpupool.backends.local.envs import BUILD_FAILED
 from gpupool.backends.local.runs import RunDir
 from gpupool.backends.local.sandbox import Member, probe
+from tests.backends.test_sandbox import _run
 
 UID_BASE = 1_900_000_000
 IMAGE = "localhost/gpupool-test-busybox:1"
-
-
-def _run(backend: LocalBackend, spec: LaunchSpec, timeout: float = 180.0) -> tuple[int | None, str]:
-    backend.launch(spec)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = backend.observe()[spec.alloc_id]
-        if not seen.alive:
-            return seen.exit_code, Path(backend.log_path(spec.workload_id, spec.rank)).read_text()
-        time.sleep(0.05)
-    raise AssertionError(f"{spec.alloc_id} did not end")
 
 
 def _backend(tmp_path: Path) -> LocalBackend:
@@ -57,7 +47,7 @@ def test_a_member_runs_in_its_own_environment_built_from_its_requirements(tmp_pa
     argv = ("sh", "-c", f'python -c "{script}" && python -m pip install six; echo "pip=$?"')
     for wid in (1, 2):  # the second reuses the first's environment
         _with_requirements(b, wid, "six==1.17.0\n")
-        code, log = _run(b, LaunchSpec(f"{wid}-0-0", wid, "w", "vision", "batch", argv, {}, project_id=5))
+        code, log = _run(b, LaunchSpec(f"{wid}-0-0", wid, "w", "vision", "batch", argv, {}, project_id=5), 180)
         assert code == 0, log
         # The environment's Python, which has no pip to change anything with, and nothing of the server's on PATH.
         assert log.splitlines()[-6:] == [
@@ -72,7 +62,7 @@ def test_a_member_runs_in_its_own_environment_built_from_its_requirements(tmp_pa
 def test_a_bad_requirement_fails_the_member_with_uvs_reason(tmp_path: Path) -> None:
     b = _backend(tmp_path)
     _with_requirements(b, 3, "gpupool-no-such-package-xyz==0.0.1\n")
-    code, log = _run(b, LaunchSpec("3-0-0", 3, "w", "vision", "batch", ("true",), {}, project_id=5))
+    code, log = _run(b, LaunchSpec("3-0-0", 3, "w", "vision", "batch", ("true",), {}, project_id=5), 180)
     assert code == BUILD_FAILED
     reason = RunDir(tmp_path / "data" / "run").reason("3-0-0")
     assert reason is not None
