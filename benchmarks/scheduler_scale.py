@@ -10,9 +10,10 @@ per-pool quotas, and a seeded random workload mix, then measures:
   there is no fork); the steady cycle target is checked with the forked forecast's dearest cycle cost added.
 
 Progress goes to stdout as plain lines; the last line is one JSON object with the figures. Every figure
-is measured on one core (the process is pinned when the platform allows), with `time.perf_counter`, and
-peak RSS comes from `getrusage`. `decision_hash` is a sha256 over the digests of the timed decisions, so
-two runs with the same arguments must print the same hash.
+is measured on one core (the process is pinned when the platform allows), with `time.perf_counter` and the
+cyclic collector paused as the live loop pauses it for a cycle (`steady_cycle_collector_on_s`: with it running,
+as every figure before 2026-12-02 was measured), and peak RSS comes from `getrusage`. `decision_hash` is a
+sha256 over the digests of the timed decisions, so two runs with the same arguments must print the same hash.
 
     python benchmarks/scheduler_scale.py                       # 1000 nodes, 10000 pending
     python benchmarks/scheduler_scale.py --nodes 100 --pending 1000
@@ -277,9 +278,10 @@ def peak_rss_mib() -> float:
 
 
 def timed_schedule(
-    snapshot: Snapshot, config: SchedulerConfig, profile_to: str | None
+    snapshot: Snapshot, config: SchedulerConfig, profile_to: str | None, collector: bool = False
 ) -> tuple[Decision, float, dict[str, float]]:
-    """One timed cycle: the decision, its wall time, and the time of each of its steps."""
+    """One timed cycle: the decision, its wall time, and the time of each of its steps. The cyclic collector is
+    paused for it, as the live loop pauses it for a cycle (`control.controller`), unless `collector`."""
     steps: dict[str, float] = {}
     started: dict[str, float] = {}
 
@@ -291,6 +293,8 @@ def timed_schedule(
             steps[step] = steps.get(step, 0.0) + t - started[step]
 
     gc.collect()
+    if not collector:
+        gc.disable()
     profiler = cProfile.Profile() if profile_to else None
     t0 = time.perf_counter()
     if profiler is not None:
@@ -299,6 +303,7 @@ def timed_schedule(
     if profiler is not None:
         profiler.disable()
     elapsed = time.perf_counter() - t0
+    gc.enable()
     if profiler is not None and profile_to:
         profiler.dump_stats(profile_to)
     return decision, elapsed, steps
@@ -390,6 +395,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"GPU use {gpu_utilisation(snapshot):.1%}"
     )
     steady, steady_s, steady_steps = timed_schedule(snapshot, config, f"{profile}-steady.prof" if profile else None)
+    _, steady_gc_s, _ = timed_schedule(snapshot, config, None, collector=True)  # as figures before 2026-12-02
     log(
         f"steady cycle: {steady_s:.3f}s, {len(steady.binds)} bound, {len(steady.evictions)} evicted, "
         f"stats {dict(sorted(steady.stats.items()))}; steps {fmt_steps(steady_steps)}"
@@ -428,6 +434,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "fill_binds": fill_binds,
         "fill_steps_s": {k: round(v, 4) for k, v in fill_steps.items()},
         "steady_cycle_s": round(steady_s, 4),
+        "steady_cycle_collector_on_s": round(steady_gc_s, 4),
         "steady_running": states[State.RUNNING],
         "steady_pending": states[State.PENDING],
         "steady_binds": len(steady.binds),
