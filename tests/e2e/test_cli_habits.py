@@ -206,3 +206,41 @@ def test_contexts_hold_servers_tokens_and_a_default_project(make_server: Callabl
     assert (nowhere.returncode, nowhere.stderr) == (2, "error: no context 'nowhere' (contexts: default, lab)\n")
     missing = run(env, "config", "use-context", "nowhere")
     assert (missing.returncode, missing.stderr) == (2, "error: no context 'nowhere' (contexts: default, lab)\n")
+
+
+def test_the_current_directory_goes_with_the_job_or_another_or_none(
+    make_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    here = tmp_path / "project"
+    (here / "data").mkdir(parents=True)
+    (here / "train.sh").write_text("echo training on $(cat data/set.txt)\n")
+    (here / "data" / "set.txt").write_text("cifar\n")
+    (here / "secret.env").write_text("TOKEN=x\n")
+    (here / ".gitignore").write_text("secret.env\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "run.sh").write_text("echo from elsewhere\n")
+    env = cli_env(s)
+
+    def submit(*args: str) -> None:
+        done = subprocess.run([GPUPOOL, "submit", "-p", "vision", *args], env=env, cwd=here, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    submit("--name", "here", "--", "sh", "train.sh")
+    submit("--name", "other", "--workdir", str(other), "--", "sh", "run.sh")
+    submit("--name", "none", "--no-code", "--", "true")
+    shown = {n: s.workload(n) for n in ("here", "other", "none")}
+    # Only what .gitignore lets through: train.sh, data/set.txt and .gitignore itself.
+    assert [(w["code_files"], w["code_bytes"]) for w in shown.values()] == [(3, 54), (1, 20), (None, None)]
+    assert shown["none"]["code"] is None and shown["here"]["code"] != shown["other"]["code"]
+    assert f"Code:        {shown['here']['code'][:19]}… (3 files, 54 B)" in s.cli("describe", "here").stdout
+    both = s.cli("submit", "-p", "vision", "--workdir", str(other), "--no-code", "--", "true", check=False)
+    assert (both.returncode, both.stderr) == (2, "error: --workdir and --no-code: give one or the other\n")
+    # A YAML file's workdir is relative to the file.
+    spec = tmp_path / "job.yaml"
+    spec.write_text("project: vision\nname: from-yaml\nworkdir: other\ncommand: [sh, run.sh]\n")
+    s.cli("apply", "-f", str(spec))
+    assert s.workload("from-yaml")["code"] == shown["other"]["code"]

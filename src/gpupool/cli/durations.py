@@ -34,8 +34,6 @@ def parse_duration(text: str) -> float:
 def format_duration(seconds: float, parts: int = 2, smallest: str = "s") -> str:
     """`259200` -> `3d`, `5400` -> `1h30m`, `93784` -> `1d2h`: at most `parts` adjacent units from the largest
     that is not zero, rounded down, zeros left out; nothing under `smallest` (`s` or `m`)."""
-    if 0 < seconds < 1 and smallest == "s":
-        return f"{seconds:.3g}s"
     left = max(0, int(seconds))
     units = [(u, size) for u, size in _UNITS if size >= _SECONDS[smallest]]
     out: list[str] = []

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from gpupool.cli.connection import Output, OutputOpt, client, default_project, emit_json, fail
 from gpupool.cli.durations import duration_flag, parse_duration
 from gpupool.client import Client
+from gpupool.client.code import CodeError, upload
 from gpupool.models.schemas import WorkloadCreate, WorkloadPublic, WorkloadType
 
 TYPES: tuple[str, ...] = get_args(WorkloadType)
@@ -34,6 +35,29 @@ def project_of(c: Client, project: str | None) -> str:
     if len(mine) == 1:
         return mine[0]
     fail("say which project with -p PROJECT" + (f" (yours: {', '.join(mine)})" if mine else ""), 2)
+
+
+Workdir = Annotated[
+    Path | None,
+    typer.Option("--workdir", help="The directory sent as the job's code and where it starts (default: this one)."),
+]
+NoCode = Annotated[bool, typer.Option("--no-code", help="Send no code: the job starts in an empty directory.")]
+
+
+def code_of(c: Client, project: str, workdir: Path | None, no_code: bool) -> str | None:
+    """The `code` of a workload: the directory uploaded (only what the project has not sent before), or None."""
+    if no_code:
+        return None
+    directory = workdir or Path.cwd()
+    try:
+        return upload(c, directory, project)
+    except CodeError as e:
+        fail(f"{e.reason} (or send another directory with --workdir DIR, or none with --no-code)", 2)
+
+
+def _one_of(workdir: Path | None, no_code: bool) -> None:
+    if no_code and workdir is not None:
+        fail("--workdir and --no-code: give one or the other", 2)
 
 
 def choice(value: str | None, flag: str, valid: tuple[str, ...]) -> None:
@@ -110,22 +134,28 @@ def submit(
         float | None,
         typer.Option("--max-duration", parser=duration_flag, help="Stopped once it has run this long, e.g. 4h or 3d."),
     ] = None,
+    workdir: Workdir = None,
+    no_code: NoCode = False,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Retry-safe submit.")] = None,
     output: Output = OutputOpt,
 ) -> None:
-    """Submit a workload: `gpupool submit -p vision --gpus 1 -- python train.py`."""
+    """Submit a workload: `gpupool submit -p vision --gpus 1 -- python train.py` runs train.py from this directory,
+    which goes with the job (without what .gitignore and .gpupoolignore leave out)."""
     choice(type_, "--type", TYPES)
     choice(priority, "--priority", PRIORITIES)
+    _one_of(workdir, no_code)
     pairs = (read_env_file(env_file) if env_file else {}) | _pairs(env)
     with client() as c:
+        project = project_of(c, project)
         fields: dict[str, Any] = {
-            "project": project_of(c, project), "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
+            "project": project, "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
             "gpu_memory": gpu_memory, "cpu": cpu, "memory": memory, "pools": pools or [], "image": image,
             "workers": workers, "priority": priority, "preemptible": preemptible, "port": port, "env": pairs,
             "command": list(command or []), "grace_s": grace, "max_duration_s": max_duration,
         }  # fmt: skip
         try:
-            body = WorkloadCreate.model_validate(fields)
+            WorkloadCreate.model_validate(fields)  # checked before anything is uploaded
+            body = WorkloadCreate.model_validate(fields | {"code": code_of(c, project, workdir, no_code)})
         except ValidationError as e:
             fail(_validation(e), 2)
         _submitted(c.submit(body, idempotency_key), output)
@@ -145,9 +175,13 @@ def _durations(data: dict[str, Any], file: Path) -> None:
 
 def apply(
     file: Annotated[Path, typer.Option("-f", "--file", help="A workload in YAML (the fields of submit).")],
+    workdir: Workdir = None,
+    no_code: NoCode = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Submit the workload described in a YAML file."""
+    """Submit the workload described in a YAML file, with this directory as its code (or the file's `workdir:`,
+    relative to the file, or --workdir DIR, or --no-code)."""
+    _one_of(workdir, no_code)
     try:
         data = yaml.safe_load(file.read_text() if str(file) != "-" else sys.stdin.read())
     except OSError as e:
@@ -165,10 +199,18 @@ def apply(
     key = data.pop("idempotency_key", None)
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 128):
         fail(f"{file}: idempotency_key is a string of 1 to 128 characters", 2)
+    declared = data.pop("workdir", None)
+    if declared is not None and workdir is None and not no_code:
+        if not isinstance(declared, str):
+            fail(f"{file}: workdir is a directory's path, relative to the file", 2)
+        workdir = (file.parent if str(file) != "-" else Path.cwd()) / declared
     with client() as c:
         if "project" not in data:
             data["project"] = project_of(c, None)
         try:
+            WorkloadCreate.model_validate(data)
+            if "code" not in data:
+                data["code"] = code_of(c, str(data["project"]), workdir, no_code)
             body = WorkloadCreate.model_validate(data)
         except ValidationError as e:
             fail(f"{file}: {_validation(e)}", 2)

@@ -16,6 +16,7 @@ from gpupool.cli.durations import format_duration
 from gpupool.cli.submit import ProjectOpt
 from gpupool.cli.table import Column, print_fitted, terminal_width
 from gpupool.client import Client
+from gpupool.client.code import human
 from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import QUEUED, Phase
 from gpupool.models.schemas import EventPublic, WorkloadDetail, WorkloadPublic
@@ -164,6 +165,8 @@ def describe_text(d: WorkloadDetail) -> None:
         print(f"Policy:      {', '.join(limits)}{idle}")
     if d.command:
         print(f"Command:     {' '.join(d.command)}")
+    if d.code:
+        print(f"Code:        {d.code[:19]}… ({d.code_files} files, {human(d.code_bytes or 0)})")
     if d.url:
         print(f"URL:         {d.url}")
     if d.exit_code is not None:
