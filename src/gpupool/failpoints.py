@@ -22,6 +22,7 @@ ENV = "GPUPOOL_FAILPOINTS"
 
 POINTS = frozenset(
     {
+        "code.before-mark",  # a member's code is copied into its working directory; not yet marked complete
         "cycle.after-persist",  # the decision is committed; nothing launched or signalled yet
         "cycle.before-events",  # launches and stops done; their events not yet committed
         "launch.before-start",  # the launch intent is durable; the process is not started

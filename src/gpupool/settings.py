@@ -88,6 +88,8 @@ class Settings(BaseSettings):
     interval_s: float = Field(2.0, gt=0)
     """The loop also runs on every submit, cancel and process exit; this is the longest it waits."""
     grace_s: float = Field(30.0, ge=0)
+    max_code_mib: int = Field(100, ge=1, le=10_240)
+    """The largest code tree (MiB) a workload may take with it; the client checks it before uploading."""
     """Default time between SIGTERM and SIGKILL when a workload is evicted or cancelled."""
     telemetry_interval_s: float = Field(5.0, gt=0)
     """How often GPU activity is sampled and usage charged."""

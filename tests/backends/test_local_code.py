@@ -34,7 +34,7 @@ backends = test_local_launch.backends
 
 @pytest.fixture
 def arm(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    def set_points(name: str) -> None:  # armed directly: failpoints.POINTS does not list code.before-mark yet
+    def set_points(name: str) -> None:  # armed in-process: these tests drive the backend, not a server
         monkeypatch.setattr(failpoints, "_ARMED", {name: ("raise", 1)})
         monkeypatch.setattr(failpoints, "_COUNTS", {})
 

@@ -162,3 +162,24 @@ def test_collection_forgets_only_what_no_workload_names(org_server: Server, tmp_
     assert upload_tree(ana, kept, "vision").blobs_sent == 0  # named by a workload: nothing was collected
     assert upload_tree(ana, dropped, "vision").blobs_sent == 1
     assert ana.describe("keep").code_files == 5
+
+
+def test_the_job_runs_in_a_copy_of_its_code(org_server: Server, tmp_path: Path) -> None:
+    s = org_server
+    ana = _member(s, "ana", "vision")
+    src = _tree(tmp_path / "src")
+    (src / "train.py").write_text(
+        "import pathlib\nrows = pathlib.Path('data.csv').read_text().splitlines()\n"
+        "pathlib.Path('result.txt').write_text(f'{len(rows)} rows\\n')\n"
+    )
+    w = ana.submit(WorkloadCreate(project="vision", name="train", command=["python3", "train.py"],
+                                  code=upload(ana, src, "vision")))  # fmt: skip
+    s.wait_state("train", "succeeded", timeout=60)
+    workdir = s.data_dir / "workloads" / str(w.id)
+    assert (workdir / "result.txt").read_text() == "2 rows\n"
+    assert sorted(p.name for p in workdir.iterdir() if not p.name.startswith(".")) == [
+        "data.csv",
+        "keep.log",
+        "result.txt",
+        "train.py",
+    ]

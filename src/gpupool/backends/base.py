@@ -36,6 +36,8 @@ class LaunchSpec:
     node: str = ""
     attempt: int = 0
     image: str | None = None
+    code: str | None = None
+    """The content address (`sha256:<hex>`) of the code tree the member starts in; None: an empty directory."""
     grace_s: float = 30.0
     cpu_milli: int = 0
     memory_mib: int = 0

@@ -138,6 +138,7 @@ def launch_spec(
         node=alloc.node,
         attempt=alloc.attempt,
         image=row.image,
+        code=row.code,
         grace_s=row.grace_s,
         cpu_milli=row.cpu_milli,
         memory_mib=row.memory_mib,

@@ -29,8 +29,6 @@ from gpupool.store import server_state
 from gpupool.store.blobs import CHUNK_BYTES, BlobStore, digest_of
 from gpupool.store.tables import CodeBlobRow, CodeManifestRow, QueueRow, WorkloadRow
 
-DEFAULT_MAX_CODE_MIB = 100
-"""The largest code tree a server takes unless its settings say otherwise (max_code_mib)."""
 GC_GRACE_S = 86400.0
 """How long an upload no workload names is kept: long enough to submit it, and to resubmit without sending it."""
 TOKEN_KEY = "code-token-key"

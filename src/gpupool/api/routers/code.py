@@ -36,7 +36,7 @@ def store_of(settings: Settings) -> BlobStore:
 
 
 def max_bytes(settings: Settings) -> int:
-    return int(getattr(settings, "max_code_mib", code.DEFAULT_MAX_CODE_MIB)) * 2**20
+    return settings.max_code_mib * 2**20
 
 
 @router.get("/code/limits", response_model=CodeLimits)

@@ -221,7 +221,7 @@ class LocalBackend:
     def _start(self, spec: LaunchSpec, lock_fd: int) -> tuple[subprocess.Popen[bytes], Record]:
         """The intent made durable, then the wrapper started holding the lock (`lock_fd` as its stdin)."""
         member = self._member(spec)
-        code: str | None = getattr(spec, "code", None)  # LaunchSpec.code, where the server passes it
+        code = spec.code
         if code is not None:  # under the launch's lock and before its intent: see workdirs.py
             self._code.place(spec.workload_id, code, member.workdir, self._owner(spec))
         self.sandbox.prepare(member)
@@ -354,6 +354,8 @@ class LocalBackend:
             memory_mib=spec.memory_mib,
             devices=devices,
             shared=(str(self._mps.pipe_dir), str(self._mps.log_dir)) if self._mps is not None else (),
+            image=spec.image,
+            kind=spec.kind,
         )
 
     def _owner(self, spec: LaunchSpec) -> int | None:
