@@ -324,6 +324,7 @@ def main() -> None:
     ap.add_argument("--page-param", default="after", choices=("after", "cursor"))
     ap.add_argument("--db", default=None, help="postgresql (a throwaway server) or a URL; default SQLite")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-estimates", action="store_true", help="switch start-time estimates off (on by default)")
     ap.add_argument("--profile", default=None, help="write a cProfile file of the last steady cycle here")
     args = ap.parse_args()
     if args.running > args.nodes * GPUS_PER_NODE:
@@ -347,6 +348,8 @@ def run(args: argparse.Namespace, root: Path, url: str | None) -> dict[str, Any]
         backend.members[alloc_id] = Observed(alloc_id, alive=True)
     print(f"store: {args.running} running, {args.pending} pending in {time.perf_counter() - started:.1f} s", flush=True)
     controller = Controller(ctx.sessions, backend, interval_s=0.2, telemetry_interval_s=5.0)
+    if args.no_estimates:
+        controller.estimates.budget_s = 0.0  # switched off
     ctx.backend, ctx.controller = backend, controller
     controller.register_nodes()
     steps = Steps(controller)
@@ -405,6 +408,8 @@ def run(args: argparse.Namespace, root: Path, url: str | None) -> dict[str, Any]
         ender.join()
         controller.stop()
     threads = threading.active_count()
+    est = controller.estimates
+    forecast = est.forecast
     return {
         "benchmark": "control_scale",
         "store": "sqlite" if url is None else url.split(":", 1)[0],
@@ -422,6 +427,12 @@ def run(args: argparse.Namespace, root: Path, url: str | None) -> dict[str, Any]
         "steps_ms": _steps_ms(deltas, CONTROL_STEPS),
         "core_ms": _steps_ms(deltas, CORE_STEPS),
         **latencies,
+        "estimates": {
+            "on": not args.no_estimates,
+            "forecasts": est.forecasts,
+            "failures": est.failures,
+            "last_wall_s": round(getattr(forecast, "wall_s", 0.0), 1),
+        },
         "threads": threads,
         "rss_mib": _rss_mib(),
         "python": platform.python_version(),
