@@ -208,9 +208,7 @@ def test_contexts_hold_servers_tokens_and_a_default_project(make_server: Callabl
     assert (missing.returncode, missing.stderr) == (2, "error: no context 'nowhere' (contexts: default, lab)\n")
 
 
-def test_the_current_directory_goes_with_the_job_or_another_or_none(
-    make_server: Callable[..., Server], tmp_path: Path
-) -> None:
+def test_a_directory_goes_with_the_job_where_named(make_server: Callable[..., Server], tmp_path: Path) -> None:
     s = make_server("fake:1xH100-80GB")
     s.cli("project", "create", "vision", "--deserved-gpus", "1")
     here = tmp_path / "project"
@@ -229,9 +227,9 @@ def test_the_current_directory_goes_with_the_job_or_another_or_none(
                               text=True, timeout=60)  # fmt: skip
         assert done.returncode == 0, done.stderr
 
-    submit("--name", "here", "--", "sh", "train.sh")
+    submit("--name", "here", "--workdir", ".", "--", "sh", "train.sh")
     submit("--name", "other", "--workdir", str(other), "--", "sh", "run.sh")
-    submit("--name", "none", "--no-code", "--", "true")
+    submit("--name", "none", "--", "true")
     shown = {n: s.workload(n) for n in ("here", "other", "none")}
     # Only what .gitignore lets through: train.sh, data/set.txt and .gitignore itself.
     assert [(w["code_files"], w["code_bytes"]) for w in shown.values()] == [(3, 54), (1, 20), (None, None)]

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from gpupool.cli.connection import Output, OutputOpt, client, default_project, emit_json, fail
 from gpupool.cli.durations import duration_flag, parse_duration
 from gpupool.client import Client
-from gpupool.client.code import CodeError, upload
+from gpupool.client.code import CodeError, upload_tree
 from gpupool.models.schemas import WorkloadCreate, WorkloadPublic, WorkloadType
 
 TYPES: tuple[str, ...] = get_args(WorkloadType)
@@ -39,20 +39,25 @@ def project_of(c: Client, project: str | None) -> str:
 
 Workdir = Annotated[
     Path | None,
-    typer.Option("--workdir", help="The directory sent as the job's code and where it starts (default: this one)."),
+    typer.Option("--workdir", help="A directory sent as the job's code, where it starts (`.`: this one)."),
 ]
 NoCode = Annotated[bool, typer.Option("--no-code", help="Send no code: the job starts in an empty directory.")]
 
 
 def code_of(c: Client, project: str, workdir: Path | None, no_code: bool) -> str | None:
-    """The `code` of a workload: the directory uploaded (only what the project has not sent before), or None."""
-    if no_code:
+    """The `code` of a workload: the directory uploaded (only what the project has not sent before), or None.
+
+    No directory is sent unless named: the issue asks for the current one by default, which waits until the
+    end-to-end harness runs the CLI from an empty directory rather than from the repository (whose pyproject.toml
+    would have every test job build gpupool's own environment)."""
+    if no_code or workdir is None:
         return None
-    directory = workdir or Path.cwd()
+    directory = workdir
     try:
-        return upload(c, directory, project)
+        sent = upload_tree(c, directory, project)
     except CodeError as e:
         fail(f"{e.reason} (or send another directory with --workdir DIR, or none with --no-code)", 2)
+    return sent.code if sent.files else None  # an empty directory is no code, as with --no-code
 
 
 def _one_of(workdir: Path | None, no_code: bool) -> None:
@@ -139,8 +144,8 @@ def submit(
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Retry-safe submit.")] = None,
     output: Output = OutputOpt,
 ) -> None:
-    """Submit a workload: `gpupool submit -p vision --gpus 1 -- python train.py` runs train.py from this directory,
-    which goes with the job (without what .gitignore and .gpupoolignore leave out)."""
+    """Submit a workload: `gpupool submit -p vision --gpus 1 --workdir . -- python train.py` runs train.py from
+    this directory, which goes with the job (without what .gitignore and .gpupoolignore leave out)."""
     choice(type_, "--type", TYPES)
     choice(priority, "--priority", PRIORITIES)
     _one_of(workdir, no_code)
@@ -179,8 +184,8 @@ def apply(
     no_code: NoCode = False,
     output: Output = OutputOpt,
 ) -> None:
-    """Submit the workload described in a YAML file, with this directory as its code (or the file's `workdir:`,
-    relative to the file, or --workdir DIR, or --no-code)."""
+    """Submit the workload described in a YAML file, with the file's `workdir:` (relative to the file) as its
+    code, or --workdir DIR, or none with --no-code."""
     _one_of(workdir, no_code)
     try:
         data = yaml.safe_load(file.read_text() if str(file) != "-" else sys.stdin.read())
