@@ -15,7 +15,7 @@ from gpupool.backends.base import LaunchSpec
 from gpupool.backends.local import LocalBackend, discover
 from gpupool.backends.local import images as images_mod
 from gpupool.backends.local.envs import BUILD_FAILED
-from gpupool.backends.local.runs import RunDir
+from gpupool.backends.local.runs import REASON_BYTES, RunDir, short_reason
 from gpupool.backends.local.sandbox import Member, probe
 from tests.backends.test_sandbox import _run
 
@@ -69,20 +69,33 @@ def test_a_bad_requirement_fails_the_member_with_uvs_reason(tmp_path: Path) -> N
     assert reason.startswith("its Python environment could not be built from requirements.txt (uv: ")
     assert "gpupool-no-such-package-xyz" in reason
     assert f"gpupool: {reason}" in log
+    assert b.observe()["3-0-0"].reason == reason  # what the failed event's detail is made of
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+def test_a_reason_is_cut_to_its_first_and_last_lines_and_a_kib() -> None:
+    lines = [f"line {i}" for i in range(12)]
+    assert short_reason("\n".join(lines)).splitlines() == ["line 0", "line 8", "line 9", "line 10", "line 11"]
+    long = "é" * 2000  # two bytes each: a cut may not split one
+    cut = short_reason(long)
+    assert len(cut.encode()) <= REASON_BYTES
+    assert cut == "é" * 128 + " … " + "é" * 381
+
+
+def build_image(root: Path, tag: str = IMAGE) -> str:
     """A tiny image made here: Debian's busybox-static, FROM scratch."""
-    root = tmp_path_factory.mktemp("image")
     (root / "bin").mkdir()
     shutil.copy(shutil.which("busybox") or "/bin/busybox", root / "bin" / "busybox")
     for applet in ("sh", "id", "env", "echo", "grep", "cat", "touch", "sleep"):
         (root / "bin" / applet).symlink_to("busybox")
     (root / "Containerfile").write_text('FROM scratch\nCOPY bin /bin\nCMD ["/bin/sh"]\n')
     podman = [shutil.which("podman") or "podman", *images_mod.global_options()]
-    subprocess.run([*podman, "build", "-q", "-t", IMAGE, str(root)], check=True, capture_output=True, timeout=300)
-    return IMAGE
+    subprocess.run([*podman, "build", "-q", "-t", tag, str(root)], check=True, capture_output=True, timeout=300)
+    return tag
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_image(tmp_path_factory.mktemp("image"))
 
 
 def _image_member(tmp_path: Path, alloc: str, image: str) -> Member:
@@ -151,3 +164,26 @@ def test_a_notebook_or_service_in_an_image_says_it_cannot(tmp_path: Path, image:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == BUILD_FAILED
     assert done.stdout.startswith("gpupool: an image is honoured for batch and training work on the local backend")
+    reason = RunDir(tmp_path / "data" / "run").reason("6-0-0")
+    assert reason is not None and done.stdout == f"gpupool: {reason}\n"
+
+
+def test_a_stop_gives_a_container_its_grace(tmp_path: Path, image: str) -> None:
+    """The container is no child of the member's wrapper: its stop goes through podman, TERM first."""
+    b = _backend(tmp_path)
+    script = "trap 'echo TERM; exit 3' TERM; echo up; while :; do sleep 0.1; done"
+    argv = ("sh", "-c", script)
+    spec = LaunchSpec("7-0-0", 7, "w", "vision", "batch", argv, {}, image=image, grace_s=20, project_id=5)
+    b.launch(spec)
+    log = Path(b.log_path(7, 0))
+    deadline = time.monotonic() + 60
+    while "up" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "the container did not start"
+        time.sleep(0.05)
+    for _ in range(3):  # asked each cycle: podman is asked once
+        b.stop("7-0-0", force=False)
+    deadline = time.monotonic() + 15  # well within its grace: it ended on its TERM, not on podman's kill
+    while b.observe()["7-0-0"].alive:
+        assert time.monotonic() < deadline, "the container did not stop on TERM"
+        time.sleep(0.05)
+    assert (b.observe()["7-0-0"].exit_code, log.read_text().splitlines()) == (3, ["up", "TERM"])

@@ -109,7 +109,8 @@ def test_a_fault_before_the_start_starts_nothing_and_the_next_launch_starts_it_o
     with pytest.raises(failpoints.FailpointError):
         b.launch(spec)
     run = tmp_path / "data" / "run"
-    assert json.loads((run / "2-0-0.json").read_text()) == {"devices": [[1, 250, 20480]], "enforced": False}
+    intent = {"devices": [[1, 250, 20480]], "enforced": False, "grace_s": 30.0}
+    assert json.loads((run / "2-0-0.json").read_text()) == intent
     assert _mode(run / "2-0-0.lock") == INTENT_MODE
     assert b.observe() == {}
     b.launch(spec)  # the failpoint fired once: this one goes through

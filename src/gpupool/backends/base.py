@@ -61,6 +61,9 @@ class Observed:
     """Whether a fractional limit is enforced (MPS) rather than advisory."""
     lost: bool = False
     """Its node went away (deleted, or NotReady too long): not the workload's fault, so it is requeued."""
+    reason: str | None = None
+    """Why an ended member failed, in the backend's words where it knows them (its environment could not be built,
+    its image cannot run here): a few lines, at most 1 KiB, for the failed event's detail."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +121,8 @@ class Backend(Protocol):
         """Start the member unless a launch with this alloc_id already exists. Never blocks on the workload."""
 
     def stop(self, alloc_id: str, force: bool) -> None:
-        """Ask it to stop (SIGTERM to the whole member), or force it (SIGKILL). The caller keeps the grace clock."""
+        """Ask it to stop (SIGTERM to the whole member, within the launch's `grace_s`), or force it (SIGKILL). The
+        caller keeps the grace clock, and asks again each cycle until the member has ended."""
 
     def observe(self) -> dict[str, Observed] | None:
         """What runs, and what ended with which exit code, for every launch the backend knows. None while the

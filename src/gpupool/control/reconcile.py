@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from gpupool.backends.base import Observed
 from gpupool.lifecycle import transitions as lifecycle
+from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import LIVE, AllocPhase, StopReason
 from gpupool.lifecycle.transitions import current
 from gpupool.store.tables import EventRow, WorkloadRow
@@ -25,6 +26,7 @@ def reconcile(
         if row.state not in LIVE:
             continue
         allocs = current(row)
+        details = _stop_details(row)
         for alloc in allocs:
             if alloc.state in (AllocPhase.BOUND, AllocPhase.ENDED):
                 continue
@@ -35,6 +37,8 @@ def reconcile(
                 continue
             lifecycle.move_alloc(alloc, AllocPhase.ENDED)
             alloc.exit_code = seen.exit_code if seen is not None else None
+            if seen is not None and seen.reason is not None:
+                details[alloc.member] = seen.reason
             if seen is not None and seen.lost and row.stop_reason is None:
                 # Its node went away: not the workload's doing, so it goes back in the queue.
                 events.append(_stopped(row, StopReason.NODE_LOST, now, node=alloc.node))
@@ -43,14 +47,35 @@ def reconcile(
         if not ended:
             continue
         if len(ended) == len(allocs):
-            events.append(lifecycle.finish(row, now))
+            events.append(_with_detail(row, lifecycle.finish(row, now), details))
             continue
         bad = [a for a in ended if a.exit_code != 0]
         if bad and row.stop_reason is None:
             # One member failed: the rest of the gang cannot go on without it.
             failed = StopReason.MEMBER_FAILED
-            events.append(_stopped(row, failed, now, member=bad[0].member, exit_code=bad[0].exit_code))
+            why = {"detail": details[bad[0].member]} if bad[0].member in details else {}
+            events.append(_stopped(row, failed, now, member=bad[0].member, exit_code=bad[0].exit_code, **why))
     return events, ended_now
+
+
+def _stop_details(row: WorkloadRow) -> dict[int, str]:
+    """The reason a gang's failed member gave, as its stop request noted it (that member was forgotten by the
+    backend since; the workload fails once the rest have stopped)."""
+    args = row.reason_args or {}
+    asked = row.reason_event == EventCode.STOP_REQUESTED and row.stop_reason == StopReason.MEMBER_FAILED
+    if asked and "detail" in args and "member" in args:
+        return {int(args["member"]): str(args["detail"])}
+    return {}
+
+
+def _with_detail(row: WorkloadRow, event: EventRow, details: dict[int, str]) -> EventRow:
+    """A failed event names why its member failed where the backend said (`Observed.reason`), as its detail."""
+    member = event.args.get("member")
+    if event.code != EventCode.FAILED or member not in details:
+        return event
+    event.args = {**event.args, "detail": details[member]}
+    row.reason_args = event.args  # the workload's current reason is this event's
+    return event
 
 
 def _stopped(row: WorkloadRow, reason: StopReason, now: float, **args: object) -> EventRow:

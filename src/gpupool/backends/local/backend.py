@@ -9,7 +9,6 @@ allocations run in parallel; the backend's lock guards its tables only, never a 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import shutil
@@ -29,7 +28,7 @@ from gpupool.backends.base import (
     Observed,
     Sample,
 )
-from gpupool.backends.local.apps import answers_http
+from gpupool.backends.local.apps import answers_http, apps_root
 from gpupool.backends.local.gpus import Discovered
 from gpupool.backends.local.mps import MpsDaemon, mps_env
 from gpupool.backends.local.reaper import Reaper
@@ -46,6 +45,8 @@ _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SHELL",
 _SANDBOX_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
 """What a sandboxed member inherits from the server's environment: its HOME, user and /tmp are its own."""
 _DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+DEFAULT_GRACE_S = 30.0
+"""The grace of a launch whose record predates graces in records."""
 
 
 @dataclass(slots=True)
@@ -63,6 +64,9 @@ class _Run:
     """An adopted one's end, as the reaper saw it."""
     swept: bool = False
     """Whether what it left in its process group was killed (once: after that its pid may be another's)."""
+    grace_s: float = DEFAULT_GRACE_S
+    stop_asked: bool = False
+    """Whether its container was asked to stop (once: podman keeps the grace clock from there)."""
 
 
 def _meminfo_mib() -> int:
@@ -207,7 +211,9 @@ class LocalBackend:
             pidfd = None
         ticks = start_ticks(proc.pid)
         with self._lock:
-            self._runs[alloc_id] = _Run(alloc_id, proc.pid, ticks, record.enforced, record.devices, child=proc)
+            self._runs[alloc_id] = _Run(
+                alloc_id, proc.pid, ticks, record.enforced, record.devices, child=proc, grace_s=spec.grace_s
+            )
         if pidfd is not None:
             self._reaper.watch(alloc_id, pidfd, proc)
         failpoint("launch.after-start")
@@ -233,7 +239,7 @@ class LocalBackend:
                 argv, cgroups = self.sandbox.argv(member, spec.argv)
         else:
             argv, cgroups = self.sandbox.argv(member, spec.argv)
-        record = Record(tuple((d.index, d.milli, d.memory_mib) for d in spec.devices), enforced)
+        record = Record(tuple((d.index, d.milli, d.memory_mib) for d in spec.devices), enforced, grace_s=spec.grace_s)
         with contextlib.suppress(FileNotFoundError):
             self._dir.exit_path(spec.alloc_id).unlink()
         self._dir.write_intent(spec.alloc_id, record)
@@ -255,6 +261,11 @@ class LocalBackend:
         with self._lock:
             run = self._runs.get(alloc_id)
         if run is None or run.pid is None or not self._alive(run):
+            return
+        if not force and self.sandbox.in_container(alloc_id):
+            if not run.stop_asked:
+                run.stop_asked = True
+                self.sandbox.stop(alloc_id, run.grace_s)
             return
         members = tree(processes(), run.pid)
         if not force and self.isolation.sandboxed:
@@ -286,7 +297,9 @@ class LocalBackend:
                 run.swept = True
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(run.pid, signal.SIGKILL)
-            seen[run.alloc_id] = Observed(run.alloc_id, False, self._exit_code(run), run.enforced)
+            code = self._exit_code(run)
+            reason = self._dir.reason(run.alloc_id) if code != 0 else None
+            seen[run.alloc_id] = Observed(run.alloc_id, False, code, run.enforced, reason=reason)
         return seen
 
     def forget(self, alloc_id: str) -> None:
@@ -385,6 +398,8 @@ class LocalBackend:
     def _track(self, alloc_id: str, found: Found) -> None:
         """Take over a launch found on disk: one that runs is watched, one that ended is reported as such."""
         run = _Run(alloc_id, found.pid, found.start_ticks, found.record.enforced, found.record.devices)
+        if found.record.grace_s is not None:
+            run.grace_s = found.record.grace_s
         run.ended = not found.running
         with self._lock:
             self._runs[alloc_id] = run
@@ -466,19 +481,6 @@ class LocalBackend:
                 env.update(mps_env(self._mps, d.milli, d.memory_mib))
                 enforced = True
         return env, enforced
-
-
-def apps_root(data_dir: Path) -> Path:
-    """Where members' app sockets live. A socket's path has at most 107 bytes, which a data dir deep in a tree
-    can exceed; a root server keeps them short under /run, keyed by its data dir."""
-    if os.geteuid() != 0:
-        root = data_dir / "apps"
-    else:
-        key = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
-        Path("/run/gpupool").mkdir(mode=0o700, exist_ok=True)
-        root = Path("/run/gpupool") / key
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return root
 
 
 def _has_module(name: str) -> bool:

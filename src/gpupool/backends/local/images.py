@@ -15,7 +15,9 @@ line others can read. This file runs as a script to add those names (`python -I 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import math
 import os
 import re
 import resource
@@ -48,6 +50,8 @@ class Container:
     memory_mib: int = 0
     unsupported: str | None = None
     """Why it cannot run in an image here (the member then ends at once, saying so)."""
+    reason_file: str = "/dev/null"
+    """Where a member that cannot start writes why (its run dir's reason file: see runs.py)."""
 
 
 def name(alloc_id: str) -> str:
@@ -74,7 +78,8 @@ def argv(c: Container, command: tuple[str, ...]) -> tuple[str, ...]:
     exe = podman()
     why = c.unsupported or (None if exe is not None else "podman is not installed (scripts/system-deps installs it)")
     if why is not None or exe is None:
-        return ("/bin/sh", "-c", f'echo "gpupool: $0"; exit {CANNOT_START}', str(why))
+        say = f'echo "gpupool: $0"; printf "%s\\n" "$0" > "$1"; exit {CANNOT_START}'
+        return ("/bin/sh", "-c", say, str(why), c.reason_file)
     words = [exe, *global_options(), "run", "--rm", "--name", c.name, "--pull=never", "--log-driver=none"]
     words += ["--user", f"{c.uid}:{c.gid}", "--cap-drop=all", "--security-opt=no-new-privileges", "--read-only"]
     words += ["--network=host", "-v", f"{c.workdir}:{c.workdir}", "-w", c.workdir, "-e", f"HOME={c.workdir}"]
@@ -85,6 +90,21 @@ def argv(c: Container, command: tuple[str, ...]) -> tuple[str, ...]:
         words.append(f"--cpus={c.cpu_milli / 1000:g}")
     words += _devices(c.devices)
     return (sys.executable, "-I", __file__, str(len(words)), *words, c.image, *command)
+
+
+def stop(container: str, grace_s: float) -> None:
+    """Stop a container gracefully: its stop signal, then SIGKILL after `grace_s` (whole seconds, rounded up)."""
+    exe = podman()
+    if exe is None:
+        return
+    grace = math.ceil(grace_s)
+    with contextlib.suppress(subprocess.TimeoutExpired):  # podman hung: the caller's forced stop follows
+        subprocess.run(
+            [exe, *global_options(), "stop", "--ignore", "--time", str(grace), container],
+            capture_output=True,
+            timeout=grace + 120,
+            check=False,
+        )
 
 
 def remove(container: str) -> None:

@@ -17,7 +17,8 @@ Each allocation has, in `<data>/run/`:
 * `<alloc>.exit`, the member's exit status, which the wrapper writes when it ends (with the disk full it cannot:
   the server's own child's return code, which it reaps, says the same).
 * `<alloc>.reason`, why a member never ran, where it could say (its Python environment could not be built: uv's
-  last lines; see envs.py), beside an exit status of envs.BUILD_FAILED.
+  last lines, see envs.py; its image cannot run here, see images.py), beside an exit status of envs.BUILD_FAILED.
+  A failed member's event carries it (`Observed.reason`), cut short.
 
 What a restarted server concludes (`survey`): the lock held → it runs (its pid from the record, or else the
 session leader that has the lock file open); not held and an exit file → it ended with that status; not held, no
@@ -41,6 +42,9 @@ from pathlib import Path
 
 INTENT_MODE = 0o600
 STARTED_MODE = 0o400
+REASON_LINES = 5
+REASON_BYTES = 1024
+"""A failure's reason, as its event carries it: a few lines, at most 1 KiB (the whole story is in the log)."""
 
 # "$1" is the exit file, "$2" the lock file (also the wrapper's stdin), "$3" the number of cgroup.procs files
 # that follow (the wrapper joins them first, so everything the member starts is counted); the rest is the
@@ -64,6 +68,8 @@ class Record:
     pid: int | None = None
     """The wrapper's, once it runs (its process group is the member's)."""
     start_ticks: int | None = None
+    grace_s: float | None = None
+    """Its grace period, for a stop asked of it after a restart (a container's is podman's to give)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +140,14 @@ class RunDir:
             devices = tuple((int(i), int(m), int(mem)) for i, m, mem in data.get("devices", ()))
             pid, ticks = data.get("pid"), data.get("start_ticks")
             enforced = bool(data.get("enforced", False))
-            return Record(devices, enforced, None if pid is None else int(pid), None if ticks is None else int(ticks))
+            grace = data.get("grace_s")
+            return Record(
+                devices,
+                enforced,
+                None if pid is None else int(pid),
+                None if ticks is None else int(ticks),
+                None if grace is None else float(grace),
+            )
         except (OSError, ValueError, TypeError):
             return None
 
@@ -142,11 +155,13 @@ class RunDir:
         return self.path / f"{alloc_id}.reason"
 
     def reason(self, alloc_id: str) -> str | None:
-        """Why the member never ran, where its launch could say (envs.py writes it)."""
+        """Why the member never ran, where its launch could say (envs.py, images.py write it), kept short for an
+        event: its first line (what failed) and its last lines (the tool's own words), at most REASON_BYTES."""
         try:
-            return self.reason_path(alloc_id).read_text(errors="replace").strip() or None
+            text = self.reason_path(alloc_id).read_text(errors="replace").strip()
         except OSError:
             return None
+        return short_reason(text) or None
 
     def exit_code(self, alloc_id: str) -> int | None:
         try:
@@ -242,7 +257,9 @@ class RunDir:
         return Found(record, alive, record.pid, record.start_ticks)
 
     def _write(self, alloc_id: str, record: Record, durable: bool) -> None:
-        data = {"devices": record.devices, "enforced": record.enforced}
+        data: dict[str, object] = {"devices": record.devices, "enforced": record.enforced}
+        if record.grace_s is not None:
+            data["grace_s"] = record.grace_s
         if record.pid is not None:
             data |= {"pid": record.pid, "start_ticks": record.start_ticks}
         final = self.record_path(alloc_id)
@@ -264,6 +281,22 @@ class RunDir:
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
+
+
+def short_reason(text: str) -> str:
+    """`text` cut to REASON_LINES lines (its first and its last ones) and REASON_BYTES bytes of UTF-8 (its start and
+    its end, a '…' between)."""
+    lines = text.splitlines()
+    if len(lines) > REASON_LINES:
+        lines = [lines[0], *lines[-(REASON_LINES - 1) :]]
+    raw = "\n".join(lines).encode()
+    if len(raw) <= REASON_BYTES:
+        return raw.decode()
+    gap = " … ".encode()
+    head = REASON_BYTES // 4
+    tail = REASON_BYTES - head - len(gap)
+    # A character cut in two is dropped, not mangled.
+    return raw[:head].decode(errors="ignore") + " … " + raw[-tail:].decode(errors="ignore")
 
 
 def _held(path: Path) -> bool:

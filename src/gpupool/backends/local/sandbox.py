@@ -215,13 +215,13 @@ class Sandbox:
     def argv(self, member: Member, argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The command that runs `argv` sandboxed, and the cgroup.procs files the launcher joins first: in its
         image through podman, or else in a Python environment of its own, built first where need be (envs.py)."""
+        reason = self.data_dir / "run" / f"{member.alloc_id}.reason"
         if member.image is not None:
-            return images.argv(self._container(member), argv), ()
+            return images.argv(self._container(member, reason), argv), ()
         notebook = member.kind == "notebook" or (argv[:1] == (sys.executable,) and argv[1:3] == ("-m", "jupyterlab"))
         root = self._envs_root / str(member.project_id)
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         plan = envs.plan(root, member.workdir, notebook)
-        reason = self.data_dir / "run" / f"{member.alloc_id}.reason"
         seen = envs.INSIDE if self.isolation.sandboxed else str(plan.path)
         # A notebook runs the environment's Python (which has JupyterLab), never the server's.
         inner = tuple(f"{seen}/bin/python" if a == sys.executable else a for a in argv[:1]) + argv[1:]
@@ -270,7 +270,7 @@ class Sandbox:
             box += ["--unshare-net"]
         return [*box, "--chdir", str(member.workdir), "--"]
 
-    def _container(self, member: Member) -> images.Container:
+    def _container(self, member: Member, reason: Path) -> images.Container:
         """What podman needs to run a member as its sandbox would: identity, workdir, devices, limits."""
         uid = self.uid(member.project_id) if self.isolation.sandboxed else os.geteuid()
         gid = uid if self.isolation.sandboxed else os.getegid()
@@ -286,6 +286,7 @@ class Sandbox:
             cpu_milli=member.cpu_milli if self.isolation.limits.mode != "advisory" else 0,
             memory_mib=member.memory_mib if self.isolation.limits.mode != "advisory" else 0,
             unsupported=_unsupported_in_image(member),
+            reason_file=str(reason),
         )
 
     def runs_python(self, module: str) -> bool:
@@ -300,6 +301,19 @@ class Sandbox:
         argv = (*box, *_drop(self.uid(member.project_id)), sys.executable, "-c", f"import {module}")
         done = subprocess.run(argv, capture_output=True, timeout=120, cwd=member.workdir, check=False)
         return done.returncode == 0
+
+    def in_container(self, alloc_id: str) -> bool:
+        """Whether the member runs in an image (its container's marker outlives a server restart)."""
+        return (self._containers / alloc_id).exists()
+
+    def stop(self, alloc_id: str, grace_s: float) -> None:
+        """Ask a member's container to stop: podman sends the image's stop signal (TERM by default) to its first
+        process, the one signal a container's PID 1 is sure to see, and kills it after `grace_s`. The container
+        is no descendant of the member's wrapper (podman's monitor runs apart), so signals to the wrapper's
+        process group never reach it. Returns at once; podman waits out the grace on a thread of its own."""
+        threading.Thread(
+            target=images.stop, args=(images.name(alloc_id), grace_s), name=f"gpupool-stop-{alloc_id}", daemon=True
+        ).start()
 
     def release(self, alloc_id: str) -> None:
         """Remove a member's cgroups, identity files and container (which a member killed hard can leave running:
