@@ -31,7 +31,12 @@ def kube_server(tmp_path: Path, cluster: Cluster) -> Iterator[Callable[..., Serv
 
     def make(*args: str) -> Server:
         backend = ("--backend", "kubernetes", "--kubeconfig", str(cluster.kubeconfig))
-        return servers.start(None, "fake:1xH100-80GB", (*backend, *args))
+        root = tmp_path / f"server{len(servers.started)}"
+        root.mkdir()
+        s = Server(root, None, "fake:1xH100-80GB", (*backend, *args))
+        s.args += ("--public-url", s.url)  # where pods fetch their code: the port is only known now
+        servers.started.append(s)
+        return s.start()
 
     yield make
     servers.close()

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool import __version__
 from gpupool.backends.base import AppEndpoint, Capabilities, LaunchSpec, Observed, Sample
 from gpupool.backends.kubernetes.dcgm import DcgmScraper, DcgmSettings, PodIndex, to_sample
 from gpupool.backends.kubernetes.logs import follow
@@ -22,7 +23,10 @@ from gpupool.backends.kubernetes.manifests import (
     SYSTEM_NAMESPACE,
     UID_BASE,
     WORKLOAD_ID,
+    CodeFetch,
     check_level,
+    code_secret,
+    code_secret_manifest,
     gang_service_manifest,
     namespace_for,
     namespace_manifest,
@@ -36,6 +40,13 @@ from gpupool.backends.kubernetes.podwatch import PodWatch
 from gpupool.core import Node
 
 log = logging.getLogger("gpupool.kubernetes")
+
+SERVER_IMAGE = f"ghcr.io/gpupool/gpupool:{__version__}"
+"""The server's own image, as deploy/kubernetes and the Helm chart name it: it has gpupool's client."""
+NO_CODE_URL = (
+    "the kubernetes backend needs the server's public URL (--public-url, GPUPOOL_PUBLIC_URL) as pods reach it: "
+    "each pod's init step fetches its workload's code from there"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +70,23 @@ class KubeSettings:
     """How long starting waits for the first list (observe() says "not synced" until it is done)."""
     dcgm: DcgmSettings | None = field(default_factory=DcgmSettings)
     """Where GPU telemetry comes from (NVIDIA's DCGM exporter); None: no telemetry."""
+    code_url: str | None = None
+    """The server's API as pods reach it: where a pod's init step fetches its workload's code."""
+    code_image: str = SERVER_IMAGE
+    """The image of that init step: any with gpupool's client (`python -m gpupool.client.code`)."""
 
 
 class KubernetesBackend:
-    def __init__(self, settings: KubeSettings, on_change: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        settings: KubeSettings,
+        on_change: Callable[[], None] = lambda: None,
+        code_token: Callable[[int], str] | None = None,
+    ) -> None:
+        """`code_token(workload_id)`: a token that reads that workload's code and nothing else, which its pods'
+        init step presents (the server mints it). Without it, a workload's code does not reach its pods."""
+        if code_token is not None and not settings.code_url:
+            raise ValueError(NO_CODE_URL)
         import kubernetes
 
         # The client's stubs want its model classes; it takes plain manifests just as well, which keeps the
@@ -70,6 +94,7 @@ class KubernetesBackend:
         k8s: Any = kubernetes
         client, config = k8s.client, k8s.config
         self.settings = settings
+        self._code_token = code_token
         cfg = client.Configuration()
         if settings.kubeconfig:
             config.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg)
@@ -133,7 +158,12 @@ class KubernetesBackend:
                 self._create(lambda: self.core.create_namespaced_service(ns, gang_service_manifest(spec, ns)))
             if spec.secrets:
                 self._put_secrets(ns, spec.secrets)
-            body = pod_manifest(spec, ns, self.settings.default_image, self.settings.uid_base)
+            code = self._code_fetch(spec)
+            if code is not None:
+                # Before the pod: its init step reads the token from this Secret.
+                secret = code_secret_manifest(spec, ns, code)
+                self._create(lambda: self.core.create_namespaced_secret(ns, secret))
+            body = pod_manifest(spec, ns, self.settings.default_image, self.settings.uid_base, code)
             self._create(lambda: self.core.create_namespaced_pod(ns, body))
         except Exception:
             # Retried next cycle, or never if the workload is stopped meanwhile (then nothing forgets it): its
@@ -142,6 +172,16 @@ class KubernetesBackend:
             raise
         # Until the watch shows it, the pod is alive by our word: a cycle right now must not take it for gone.
         self.watch.launched(spec.alloc_id, body["metadata"]["name"], ns)
+
+    def _code_fetch(self, spec: LaunchSpec) -> CodeFetch | None:
+        if spec.code is None:
+            return None
+        if self._code_token is None or not self.settings.code_url:
+            log.warning("workload %s has code but this backend cannot give it to pods (no code token source)",
+                        spec.workload_id)  # fmt: skip
+            return None
+        token = self._code_token(spec.workload_id)
+        return CodeFetch(self.settings.code_url.rstrip("/"), token, self.settings.code_image)
 
     def _put_secrets(self, ns: str, values: dict[str, str]) -> None:
         """The project's Secret as it is now (values set since its last launch included)."""
@@ -209,6 +249,10 @@ class KubernetesBackend:
         where = self._where(alloc_id)
         if where is not None:
             self._background.submit(self._delete, *where)
+            with self.watch.lock:
+                pod = self.watch.pods.get(alloc_id)
+            if pod is None or pod["spec"].get("initContainers"):  # unseen pods may have one too
+                self._background.submit(self._delete_code_secret, *where)
         with self.watch.lock:
             self.watch.forgotten.add(alloc_id)
             self.watch.unseen.pop(alloc_id, None)
@@ -226,6 +270,13 @@ class KubernetesBackend:
         except self._client.ApiException as e:
             if e.status != 404:
                 log.warning("deleting pod %s/%s failed: %s", namespace, name, e.reason)
+
+    def _delete_code_secret(self, pod: str, namespace: str) -> None:
+        try:
+            self.core.delete_namespaced_secret(code_secret(pod), namespace)
+        except self._client.ApiException as e:
+            if e.status != 404:
+                log.warning("deleting secret %s/%s failed: %s", namespace, code_secret(pod), e.reason)
 
     # -- logs ----------------------------------------------------------------------------------------------
     def _member_pod(self, workload_id: int, rank: int) -> tuple[str, str, str] | None:

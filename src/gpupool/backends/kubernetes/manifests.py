@@ -155,6 +155,10 @@ CODE_DIR = "/workspace"
 """Where a pod's code is fetched to, and where its main container starts."""
 
 
+CODE_TOKEN_KEY = "token"
+"""The key of a code Secret's token."""
+
+
 @dataclass(frozen=True, slots=True)
 class CodeFetch:
     """How a pod's init step fetches its workload's code from the server (no shared filesystem is assumed)."""
@@ -163,18 +167,44 @@ class CodeFetch:
     """The server's API as pods reach it."""
     token: str
     """Minted by the server for this workload (gpupool.services.code.mint_token): it reads this workload's code
-    and nothing else, so it may sit in the pod spec, which the project's readers see (as they see the code)."""
+    and nothing else. It goes in a Secret of the pod's own (code_secret_manifest), never in the pod spec, which
+    more than the project read."""
     image: str
     """An image with gpupool's client (`pip install gpupool`): it runs `python -m gpupool.client.code`."""
 
 
+def code_secret(pod: str) -> str:
+    """The Secret holding a pod's code token: named after the pod (one per launch, so it goes when the pod does;
+    a retried launch meets AlreadyExists with the same token)."""
+    return f"{pod}-code"
+
+
+def code_secret_manifest(spec: LaunchSpec, namespace: str, fetch: CodeFetch) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": code_secret(pod_name(spec)),
+            "namespace": namespace,
+            "labels": {MANAGED: "true", WORKLOAD_ID: str(spec.workload_id)},
+            "annotations": {ALLOC: spec.alloc_id},
+        },
+        "type": "Opaque",
+        "stringData": {CODE_TOKEN_KEY: fetch.token},
+    }
+
+
 def code_init_container(spec: LaunchSpec, fetch: CodeFetch, security: dict[str, Any]) -> dict[str, Any]:
-    env = {"GPUPOOL_URL": fetch.url, "GPUPOOL_CODE_TOKEN": fetch.token, "GPUPOOL_WORKLOAD_ID": str(spec.workload_id)}
+    token = {"secretKeyRef": {"name": code_secret(pod_name(spec)), "key": CODE_TOKEN_KEY}}
     return {
         "name": "code",
         "image": fetch.image,
         "command": ["python", "-m", "gpupool.client.code", "--into", CODE_DIR],
-        "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "env": [
+            {"name": "GPUPOOL_CODE_TOKEN", "valueFrom": token},
+            {"name": "GPUPOOL_URL", "value": fetch.url},
+            {"name": "GPUPOOL_WORKLOAD_ID", "value": str(spec.workload_id)},
+        ],
         "volumeMounts": [{"name": "code", "mountPath": CODE_DIR}],
         "securityContext": security,
     }
@@ -184,7 +214,7 @@ def pod_manifest(
     spec: LaunchSpec, namespace: str, default_image: str, uid_base: int = UID_BASE, code: CodeFetch | None = None
 ) -> dict[str, Any]:
     """`code`: where the workload has code, how its init step fetches it into an emptyDir the main container
-    starts in."""
+    starts in (its token from the Secret code_secret_manifest makes, which the pod needs before it starts)."""
     pod_security, container_security = security_contexts(spec.pod_security, uid_base + spec.project_id)
     whole = [d for d in spec.devices if d.milli >= 1000]
     shared = [d for d in spec.devices if d.milli < 1000]
