@@ -189,7 +189,9 @@ def _secrets(core: Any, namespace: str = "gpupool-vision") -> list[str]:
     return [s.metadata.name for s in core.list_namespaced_secret(namespace).items]
 
 
-def test_a_pod_without_code_has_no_init_step_and_no_secret(cluster: Cluster, backend: KubernetesBackend) -> None:
+def test_a_pod_without_code_or_image_has_no_init_step_and_the_default_image(
+    cluster: Cluster, backend: KubernetesBackend
+) -> None:
     spec = LaunchSpec("9-0-0", 9, "bare", "plain", "batch", ("sleep", "inf"), {}, node="nowhere", project_id=2)
     backend.launch(spec)
     core = client.CoreV1Api(cluster.api())
@@ -199,6 +201,7 @@ def test_a_pod_without_code_has_no_init_step_and_no_secret(cluster: Cluster, bac
         False, False, False,
     )  # fmt: skip
     assert _secrets(core, "gpupool-plain") == []
+    assert stored["containers"][0]["image"] == "python:3.12-slim"  # no image of its own: the server's --image
 
 
 def test_a_backend_minting_code_tokens_refuses_to_start_without_the_servers_url(cluster: Cluster) -> None:
