@@ -43,6 +43,8 @@ def cli_env(s: Server, **extra: str) -> dict[str, str]:
         (("list", "--state", "done"), "error: --state 'done': expected one of pending, starting, running, preempted, "
          "suspended, succeeded, failed, cancelled"),
         (("list", "--bogus"), "error: No such option: --bogus (see gpupool list --help)"),
+        (("server", "--grace", "3x"), "error: Invalid value for '--grace': '3x' is not a duration (like 30m, 1h30m, "
+         "3d, 90s or seconds) (see gpupool server --help)"),
         (("config", "set", "colour", "red"), "error: 'colour': expected one of url, token, project"),
     ],
 )  # fmt: skip

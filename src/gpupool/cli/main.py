@@ -68,7 +68,10 @@ def _run_extra(ctx: typer.Context, extra: str, load: Callable[[], typer.Typer]) 
         _refuse(what, extra, "missing " + ", ".join(missing))
     with _needs(extra, what):
         command = load()
-    command(args=ctx.args, prog_name=what)
+    # Not standalone: a bad flag reaches main()'s handler, to be said in one line as every other command's is.
+    code = command(args=ctx.args, prog_name=what, standalone_mode=False)
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
 
 
 def _server_app() -> typer.Typer:

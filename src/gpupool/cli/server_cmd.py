@@ -15,6 +15,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import SettingsError
 
 from gpupool.cli.connection import fail
+from gpupool.cli.durations import duration_flag
 from gpupool.settings import SECRETS, ConfigError, Settings
 
 FIELDS = {
@@ -112,17 +113,19 @@ def server(
     lease_ttl: Annotated[
         float,
         typer.Option(
-            "--lease-ttl", help="Seconds the leader's lease lasts unrenewed (PostgreSQL); a standby takes over after."
+            "--lease-ttl",
+            parser=duration_flag,
+            help="How long the leader's lease lasts unrenewed (PostgreSQL), e.g. 15s; a standby takes over after.",
         ),
     ] = _default("lease_ttl_s"),
     interval: Annotated[
-        float, typer.Option("--interval", help="Longest seconds between scheduling cycles.")
+        float, typer.Option("--interval", parser=duration_flag, help="Longest time between scheduling cycles, e.g. 2s.")
     ] = _default("interval_s"),
-    grace: Annotated[float, typer.Option("--grace", help="Default seconds from SIGTERM to SIGKILL.")] = _default(
-        "grace_s"
-    ),
+    grace: Annotated[
+        float, typer.Option("--grace", parser=duration_flag, help="Default time from SIGTERM to SIGKILL, e.g. 30s.")
+    ] = _default("grace_s"),
     telemetry_interval: Annotated[
-        float, typer.Option("--telemetry-interval", help="Seconds between GPU samples.")
+        float, typer.Option("--telemetry-interval", parser=duration_flag, help="Time between GPU samples, e.g. 10s.")
     ] = _default("telemetry_interval_s"),
     price: Annotated[
         list[str] | None, typer.Option("--price", help="POOL=PRICE of one GPU-hour, for cost reports (repeatable).")
@@ -144,7 +147,12 @@ def server(
         str | None, typer.Option("--public-url", help="How users reach this server, e.g. https://gpu.example.org.")
     ] = None,
     app_recheck: Annotated[
-        float, typer.Option("--app-recheck", help="Seconds between re-checks of an open app connection's rights.")
+        float,
+        typer.Option(
+            "--app-recheck",
+            parser=duration_flag,
+            help="Time between re-checks of an open app connection's rights, e.g. 30s.",
+        ),
     ] = _default("app_recheck_s"),
     log_format: Annotated[str, typer.Option("--log-format", help="text, or json (lines with the cycle id).")] = (
         _default("log_format")
