@@ -31,6 +31,7 @@ from gpupool.core import Decision, SchedulerConfig, schedule
 from gpupool.core.cycle import Observer
 from gpupool.core.placement.memo import Memo
 from gpupool.failpoints import failpoint
+from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, AllocPhase
 from gpupool.logs import current_cycle, cycle_context
@@ -257,6 +258,8 @@ class Controller:
         started = time.perf_counter()
         self.last_sample_s = 0.0
         now = self.clock()
+        with self._step("retries"):
+            self._release_retries(now)
         # Nothing is written until the decision is made: the write lock (SQLite has one) is held only for
         # the commit, not while the scheduler thinks, so submits are never kept waiting by a cycle.
         with s.no_autoflush:
@@ -317,6 +320,21 @@ class Controller:
         self.cycles += 1
         self._last_pass = time.monotonic()
         return busy or bool(decision.evictions)
+
+    def _release_retries(self, now: float) -> None:
+        """Workloads whose retry's backoff is over join the queue, before this cycle reads what changed (one
+        indexed read when none is due). A row someone wrote since it was read here (a cancel) is left to them."""
+        with self.sessions() as s, s.no_autoflush:
+            due = list(s.scalars(select(WorkloadRow).where(WorkloadRow.retry_at <= now).order_by(WorkloadRow.id)))
+            if not due:
+                return
+            read = {r.id: r.version for r in due}
+            for row in due:
+                lifecycle.release(row, now)
+            if changes.claim(s, read) != set(read):
+                s.rollback()  # decided again next cycle, from what was written
+                return
+            self._commit(s)
 
     def _commit_checked(self, s: Session, rows: Iterable[WorkloadRow], notes: list[dict[str, Any]]) -> set[int]:
         """Commits what this cycle wrote, except to workload rows someone else wrote since the cycle read them (a

@@ -25,13 +25,18 @@ class EventCode(StrEnum):
     by (cancel), idle_s/limit_s (idle), ran_s/limit_s (max-runtime), member/exit_code (failed), node (node-lost)."""
     REQUEUED = "requeued"
     """Back in the queue after a stop it did not cause; args: those of the stop."""
+    RETRYING = "retrying"
+    """An attempt ended in a way its retry policy retries: the same workload waits out a backoff, then is queued
+    again as its next attempt; the event's reason is the StopReason. args: attempt (the next one, from 1), retry
+    (its number, from 1), max_retries, backoff_s, and those of the stop (member/exit_code for a failure)."""
     SUSPENDED = "suspended"
     """A notebook stopped by a policy: held until resumed; args: those of the stop."""
     RESUMED = "resumed"
     """args: by."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    """args: member/exit_code (a member failed), or those of a policy stop (reason idle or max-runtime)."""
+    """args: member/exit_code (a member failed), or those of a policy stop (reason idle or max-runtime); with
+    `retries`, the attempts its retry policy allowed were all used (the reason is the last one's stop)."""
     CANCELLED = "cancelled"
     """args: by."""
     NOTE = "note"
@@ -91,6 +96,10 @@ def render(code: str | None, reason: str | None, args: Mapping[str, Any] | None)
             return f"{stop_cause(reason, a)}; stopping"
         case EventCode.REQUEUED:
             return f"requeued after {stop_cause(reason, a)}"
+        case EventCode.RETRYING:
+            cause = stop_cause(reason, a)
+            retry = f"retry {a.get('retry', '?')} of {a.get('max_retries', '?')}"
+            return f"{cause}; {retry} (attempt {a.get('attempt', '?')}) in {duration(a.get('backoff_s', 0))}"
         case EventCode.SUSPENDED:
             return f"{stop_cause(reason, a)}; resume it to start again"
         case EventCode.RESUMED:
@@ -98,6 +107,8 @@ def render(code: str | None, reason: str | None, args: Mapping[str, Any] | None)
         case EventCode.SUCCEEDED:
             return "every member exited with code 0"
         case EventCode.FAILED:
+            if "retries" in a:
+                return f"{stop_cause(reason, a)}; no retries left (it had {a['retries']})"
             if reason in (StopReason.IDLE, StopReason.MAX_RUNTIME):
                 return f"stopped by policy: {stop_cause(reason, a)}"
             return stop_cause(StopReason.MEMBER_FAILED, a) if "member" in a else "failed"

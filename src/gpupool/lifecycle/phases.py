@@ -7,7 +7,8 @@ from enum import StrEnum
 
 class Phase(StrEnum):
     PENDING = "pending"
-    """Queued, never started (or cancelled before it did)."""
+    """Queued: never started (or cancelled before it did), or failed and waiting to be retried (held until its
+    backoff is over, then queued again)."""
     STARTING = "starting"
     """Placed: its members are being launched and, for apps, have not answered yet."""
     RUNNING = "running"
@@ -88,3 +89,38 @@ class PendingReason(StrEnum):
     NO_SHAREABLE_DEVICE = "no-shareable-device"
     WAITING_FOR_EVICTIONS = "waiting-for-evictions"
     QUEUED_BEHIND = "queued-behind"
+
+
+class RetryOn(StrEnum):
+    """Which ends of an attempt a workload's retry policy starts it again after."""
+
+    ON_FAILURE = "on-failure"
+    """A member exited non-zero (or was killed): the whole gang starts again."""
+    ON_PREEMPTION = "on-preemption"
+    """A stop by the scheduler (REQUEUES). Without this in its policy such a workload is queued again at once and
+    without limit, as always; with it, after the backoff, and at most max_retries times."""
+    ALWAYS = "always"
+
+
+RETRIES_ON: dict[RetryOn, frozenset[StopReason]] = {
+    RetryOn.ON_FAILURE: frozenset({StopReason.MEMBER_FAILED}),
+    RetryOn.ON_PREEMPTION: REQUEUES,
+    RetryOn.ALWAYS: REQUEUES | {StopReason.MEMBER_FAILED},
+}
+"""The stops each policy retries after. Cancels and policy stops (idle, max-runtime) are never retried."""
+MAX_RETRIES = 20
+RETRY_BACKOFF_CAP_S = 900.0
+"""The longest a retry waits, however many came before it."""
+
+
+class AttemptOutcome(StrEnum):
+    """How one attempt of a workload ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    """A member exited non-zero or was killed."""
+    REQUEUED = "requeued"
+    """Stopped by the scheduler (the reason says why)."""
+    STOPPED = "stopped"
+    """Stopped by a policy: idle or over its runtime."""
+    CANCELLED = "cancelled"

@@ -12,9 +12,14 @@ from gpupool.lifecycle.phases import (
     POLICY_STOPS,
     QUEUED,
     REQUEUES,
+    RETRIES_ON,
+    RETRY_BACKOFF_CAP_S,
+    TERMINAL,
     AllocPhase,
+    AttemptOutcome,
     PendingReason,
     Phase,
+    RetryOn,
     StopReason,
 )
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
@@ -24,14 +29,14 @@ class IllegalTransition(RuntimeError):
     pass
 
 
+_ENDS = frozenset({Phase.PREEMPTED, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED})
 _NEXT: dict[Phase, frozenset[Phase]] = {
     Phase.PENDING: frozenset({Phase.STARTING, Phase.CANCELLED}),
     Phase.PREEMPTED: frozenset({Phase.STARTING, Phase.CANCELLED}),
     Phase.SUSPENDED: frozenset({Phase.STARTING, Phase.CANCELLED}),
-    Phase.STARTING: frozenset(
-        {Phase.RUNNING, Phase.PREEMPTED, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED}
-    ),
-    Phase.RUNNING: frozenset({Phase.PREEMPTED, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED}),
+    # A live workload goes back to pending only to be retried (held through its backoff).
+    Phase.STARTING: _ENDS | {Phase.PENDING, Phase.RUNNING},
+    Phase.RUNNING: _ENDS | {Phase.PENDING},
     Phase.SUCCEEDED: frozenset(),
     Phase.FAILED: frozenset(),
     Phase.CANCELLED: frozenset(),
@@ -62,6 +67,8 @@ def _move(row: WorkloadRow, to: Phase, code: EventCode, now: float, reason: str 
     if to != was and to not in _NEXT[was]:
         raise IllegalTransition(f"workload {row.id}: {was} → {to} ({code})")
     row.state = to.value
+    if to in TERMINAL:
+        row.live_name = None  # its name is free for the next workload of its project
     return _event(row, code, reason, args, now)
 
 
@@ -81,6 +88,7 @@ def submitted(row: WorkloadRow, by: str, now: float) -> EventRow:
     """A new row enters the queue."""
     row.state = Phase.PENDING.value
     row.queued_at = now
+    row.live_name = row.name
     event = _event(row, EventCode.SUBMITTED, None, {"by": by}, now)
     row.reason_event, row.reason_code, row.reason_args = EventCode.QUEUED.value, PendingReason.WAITING.value, {}
     return event
@@ -138,6 +146,7 @@ def cancel(row: WorkloadRow, by: str, now: float) -> EventRow | None:
     """A queued workload ends at once; a live one is asked to stop and ends when its members are gone."""
     if phase(row) in QUEUED:
         row.finished_at = now
+        row.hold, row.retry_at = False, None
         return _move(row, Phase.CANCELLED, EventCode.CANCELLED, now, by=by)
     if row.stop_reason == StopReason.CANCEL:
         return None
@@ -155,7 +164,8 @@ def resume(row: WorkloadRow, by: str, now: float) -> EventRow:
 
 
 def finish(row: WorkloadRow, now: float) -> EventRow:
-    """Every member of the current attempt has ended: what the workload becomes follows from why it stopped."""
+    """Every member of the current attempt has ended: what the workload becomes follows from why it stopped, and
+    from its retry policy. The attempt is recorded in `attempts` by the same write, so a retry is decided once."""
     allocs = current(row)
     if any(a.state != AllocPhase.ENDED for a in allocs):
         raise IllegalTransition(f"workload {row.id}: finish with members still running")
@@ -165,8 +175,14 @@ def finish(row: WorkloadRow, now: float) -> EventRow:
     if stop != StopReason.CONSOLIDATE:  # a moved workload restarts where it was nominated when it was moved
         row.nominated = []
     row.idle_since = None
+    bad = [a for a in allocs if a.exit_code != 0]
+    if stop is None and bad:
+        stop = StopReason.MEMBER_FAILED
+    if stop == StopReason.MEMBER_FAILED:
+        args = {"member": bad[0].member, "exit_code": bad[0].exit_code} if bad else {}
     if stop in POLICY_STOPS:
         assert stop is not None
+        _attempt(row, AttemptOutcome.STOPPED, stop, None, now)
         if row.type == "notebook":
             # Suspended, not requeued: its files stay; `gpupool resume` brings it back.
             _requeue(row)
@@ -175,22 +191,81 @@ def finish(row: WorkloadRow, now: float) -> EventRow:
         row.finished_at = now
         return _move(row, Phase.FAILED, EventCode.FAILED, now, stop.value, **args)
     if stop == StopReason.CANCEL:
+        _attempt(row, AttemptOutcome.CANCELLED, stop, None, now)
         row.finished_at = now
         return _move(row, Phase.CANCELLED, EventCode.CANCELLED, now, **args)
-    if stop in REQUEUES:
-        assert stop is not None
+    if stop is None:
+        _attempt(row, AttemptOutcome.SUCCEEDED, None, 0, now)
+        row.finished_at, row.exit_code = now, 0
+        return _move(row, Phase.SUCCEEDED, EventCode.SUCCEEDED, now)
+    exit_code = bad[0].exit_code if bad and stop == StopReason.MEMBER_FAILED else None
+    outcome = AttemptOutcome.FAILED if stop == StopReason.MEMBER_FAILED else AttemptOutcome.REQUEUED
+    policy = row.retry or {}
+    retrying = bool(policy) and stop in RETRIES_ON[RetryOn(policy["on"])]
+    allowed = int(policy.get("max_retries", 0))
+    if retrying and retries_used(row) < allowed:
+        return _retry(row, outcome, stop, exit_code, args, now)
+    _attempt(row, outcome, stop, exit_code, now)
+    if stop in REQUEUES and not retrying:
         # Preemptible training and batch come back as preempted, notebooks as suspended (their files stay).
         _requeue(row)
         to = Phase.SUSPENDED if row.type == "notebook" else Phase.PREEMPTED
         return _move(row, to, EventCode.REQUEUED, now, stop.value, **args)
-    row.finished_at = now
-    bad = [a for a in allocs if a.exit_code != 0]
-    if bad or stop == StopReason.MEMBER_FAILED:
-        row.exit_code = bad[0].exit_code if bad else None
-        failure = {"member": bad[0].member, "exit_code": row.exit_code} if bad else {}
-        return _move(row, Phase.FAILED, EventCode.FAILED, now, StopReason.MEMBER_FAILED.value, **failure)
-    row.exit_code = 0
-    return _move(row, Phase.SUCCEEDED, EventCode.SUCCEEDED, now)
+    row.finished_at, row.exit_code = now, exit_code
+    if retrying:
+        args["retries"] = allowed
+    return _move(row, Phase.FAILED, EventCode.FAILED, now, stop.value, **args)
+
+
+def retries_used(row: WorkloadRow) -> int:
+    return sum(1 for a in row.attempts or [] if a.get("retried"))
+
+
+def backoff_s(base_s: float, retry: int) -> float:
+    """The wait before the `retry`-th retry (from 1): doubling from `base_s`, at most RETRY_BACKOFF_CAP_S."""
+    return float(min(RETRY_BACKOFF_CAP_S, base_s * 2 ** min(retry - 1, 32)))
+
+
+def _attempt(
+    row: WorkloadRow, outcome: AttemptOutcome, stop: StopReason | None, exit_code: int | None, now: float,
+    retried: bool = False,
+) -> None:  # fmt: skip
+    entry = {
+        "number": row.attempt + 1, "started": row.started_at, "ended": now, "outcome": outcome.value,
+        "reason": stop.value if stop is not None else None, "exit_code": exit_code, "retried": retried,
+    }  # fmt: skip
+    row.attempts = [*(row.attempts or []), entry]  # a new list: the JSON column is written only when replaced
+
+
+def _retry(
+    row: WorkloadRow, outcome: AttemptOutcome, stop: StopReason, exit_code: int | None, args: dict[str, Any],
+    now: float,
+) -> EventRow:  # fmt: skip
+    """The same workload, held for its backoff and then queued again (`release`) as its next attempt."""
+    assert row.retry is not None
+    _attempt(row, outcome, stop, exit_code, now, retried=True)
+    n = retries_used(row)
+    wait = backoff_s(float(row.retry.get("backoff_s", 0.0)), n)
+    _requeue(row)
+    row.hold, row.retry_at = True, now + wait
+    retry = {"attempt": row.attempt + 1, "retry": n, "max_retries": int(row.retry["max_retries"]), "backoff_s": wait}
+    return _move(row, Phase.PENDING, EventCode.RETRYING, now, stop.value, **args, **retry)
+
+
+def release(row: WorkloadRow, now: float) -> None:
+    """A retry's backoff is over: it joins the queue (at its back) for the scheduler. No event: `retrying` said
+    when this would happen."""
+    if phase(row) != Phase.PENDING or not row.hold or row.retry_at is None:
+        raise IllegalTransition(f"workload {row.id} is {row.state}, not waiting to be retried")
+    row.hold, row.retry_at, row.queued_at = False, None, now
+
+
+def replace(row: WorkloadRow, by: str, now: float) -> EventRow | None:
+    """Another spec takes its name (an apply with force): it is cancelled as `cancel` does, and its name is free
+    at once, though its members may still be stopping (with their grace period)."""
+    event = cancel(row, by, now)
+    row.live_name = None
+    return event
 
 
 def _requeue(row: WorkloadRow) -> None:

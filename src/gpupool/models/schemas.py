@@ -13,6 +13,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 from gpupool.lifecycle.phases import AllocPhase, Phase
+from gpupool.models.attempts import AttemptPublic, HistoryItem, RetryPolicy
 from gpupool.models.rightsizing import RightsizingAdvice
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -202,6 +203,7 @@ class WorkloadCreate(Wire):
     )
     pools: list[ShortText] = Field(default_factory=list, max_length=16)
     code: str | None = Field(None, pattern=CODE_DIGEST, description=CODE_DESCRIPTION)
+    retry: RetryPolicy | None = None
 
 
 class DevicePublic(Reply):
@@ -307,6 +309,9 @@ class WorkloadDetail(WorkloadPublic):
     code_files: int | None = None
     """How many files (and links) that code tree has."""
     code_bytes: int | None = None
+    attempts: list[AttemptPublic] = Field(default_factory=list)
+    """Its attempts, the one under way last; `history` holds earlier workloads of its name."""
+    history: list[HistoryItem] = Field(default_factory=list)
 
 
 class Page(Reply, Generic[T]):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -15,6 +18,7 @@ from gpupool.control.policies import Policy, chains, effective
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.phases import TERMINAL, Phase
+from gpupool.models.attempts import AttemptPublic, HistoryItem
 from gpupool.models.schemas import DNS_LABEL, INT32_MAX, Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.services import audit, code, reasons, rightsizing
 from gpupool.services.auth import Principal
@@ -104,6 +108,11 @@ def submit(
         image=body.image,
         code=body.code,
         env=dict(body.env),
+        spec=spec_of(body),
+        spec_hash=spec_hash(spec_of(body)),
+        retry=body.retry.model_dump(mode="json") if body.retry is not None else None,
+        attempts=[],
+        live_name=name,
         port=body.port,
         grace_s=default_grace_s if body.grace_s is None else body.grace_s,
         max_duration_s=body.max_duration_s,
@@ -130,10 +139,21 @@ def submit(
             )
             if prior is not None:
                 return _replay(session, prior), False
+        # Among live workloads: a finished one's name is free (live_name).
         raise Conflict(f"project {body.project!r} already has a workload named {name!r}") from None
     session.add(lifecycle.submitted(row, who.name, now))
     session.commit()
     return workload_public(row, body.project), True
+
+
+def spec_of(body: WorkloadCreate) -> dict[str, Any]:
+    """What was asked, as JSON, without its name and project: fields left at their defaults are left out, so a
+    field a later release adds (with a default) changes no stored spec's hash."""
+    return body.model_dump(mode="json", exclude={"name", "project"}, exclude_defaults=True)
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _replay(session: Session, prior: WorkloadRow) -> WorkloadPublic:
@@ -142,8 +162,9 @@ def _replay(session: Session, prior: WorkloadRow) -> WorkloadPublic:
 
 
 def find(session: Session, who: Principal, ref: str, project: str | None = None) -> WorkloadRow:
-    """A workload by name (or numeric id) among the projects the caller may read; others' are not found."""
-    query = select(WorkloadRow)
+    """A workload by name (or numeric id) among the projects the caller may read; others' are not found. A name
+    finished workloads had before names the newest of them (or the live one)."""
+    query = select(WorkloadRow).where(WorkloadRow.deleted_at.is_(None))
     if project is not None:
         p = session.scalar(select(QueueRow).where(QueueRow.name == project, QueueRow.kind == "project"))
         if p is None or not who.can_read(p.id):
@@ -158,7 +179,11 @@ def find(session: Session, who: Principal, ref: str, project: str | None = None)
         query = query.where(WorkloadRow.name == ref)
     else:
         raise Invalid(f"{ref[:80]!r} is neither a workload id (ASCII digits) nor a workload name (a DNS label)")
-    rows = [r for r in session.scalars(query) if who.can_read(r.project_id)]
+    newest: dict[int, WorkloadRow] = {}
+    for r in session.scalars(query.order_by(WorkloadRow.id)):
+        if who.can_read(r.project_id):
+            newest[r.project_id] = r
+    rows = list(newest.values())
     if not rows:
         raise NotFound(f"no workload named {ref!r}")
     if len(rows) > 1:
@@ -189,7 +214,12 @@ def list_workloads(
         raise Invalid("cursor pages newest first and after oldest first: give one of them")
     names = _project_names(session)
     ascending = after is not None
-    query = select(WorkloadRow).order_by(WorkloadRow.id if ascending else WorkloadRow.id.desc()).limit(limit + 1)
+    query = (
+        select(WorkloadRow)
+        .where(WorkloadRow.deleted_at.is_(None))
+        .order_by(WorkloadRow.id if ascending else WorkloadRow.id.desc())
+        .limit(limit + 1)
+    )
     if project is not None:
         p = queue_named(session, project, "project")
         if not who.can_read(p.id):
@@ -226,11 +256,39 @@ def describe(
         row, project_name, events, policy, public_url=public_url, isolation=isolation,
         position=reasons.position(session, row), rightsizing=rightsizing.advice_for(session, row),
     )  # fmt: skip
+    detail = detail.model_copy(update={"attempts": attempts_of(row), "history": history_of(session, row)})
     if row.code is None:
         return detail
     tree = code.manifest_row(session, row.project_id, row.code)
     sizes = {"code_files": tree.files, "code_bytes": tree.size} if tree is not None else {}
     return detail.model_copy(update={"code": row.code, **sizes})
+
+
+def attempts_of(row: WorkloadRow) -> list[AttemptPublic]:
+    """Its ended attempts as recorded when each ended, then the one under way (or waiting to be), if any."""
+    out = [AttemptPublic.model_validate(a) for a in row.attempts or []]
+    if row.state not in TERMINAL and row.started_at is not None:
+        out.append(AttemptPublic(number=row.attempt + 1, started=row.started_at, ended=None, outcome=row.state))
+    return out
+
+
+def history_of(session: Session, row: WorkloadRow) -> list[HistoryItem]:
+    """Earlier workloads of its name in its project, oldest first."""
+    query = select(WorkloadRow).where(
+        WorkloadRow.project_id == row.project_id, WorkloadRow.name == row.name, WorkloadRow.id < row.id,
+        WorkloadRow.deleted_at.is_(None),
+    ).order_by(WorkloadRow.id)  # fmt: skip
+    return [
+        HistoryItem(
+            id=r.id,
+            state=r.state,
+            attempts=len(r.attempts or []),
+            created_at=r.created_at,
+            finished_at=r.finished_at,
+            exit_code=r.exit_code,
+        )
+        for r in session.scalars(query)
+    ]
 
 
 def resume(session: Session, who: Principal, ref: str, project: str | None) -> WorkloadPublic:

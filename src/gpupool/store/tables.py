@@ -170,7 +170,10 @@ class PoolRow(Base):
 class WorkloadRow(Base):
     __tablename__ = "workloads"
     __table_args__ = (
-        UniqueConstraint("project_id", "name", name="uq_workload_project_name"),
+        # Names are unique among a project's live workloads only: live_name is NULL once one has finished (or
+        # was replaced), and NULLs never clash, on SQLite and PostgreSQL alike.
+        UniqueConstraint("project_id", "live_name", name="uq_workload_live_name"),
+        Index("ix_workloads_project_name", "project_id", "name"),
         UniqueConstraint("owner_id", "idempotency_key", name="uq_workload_idempotency"),
         # Lists page by id within a project or a state (keyset pagination).
         Index("ix_workloads_project_id_id", "project_id", "id"),
@@ -185,6 +188,8 @@ class WorkloadRow(Base):
     """Stamped by every write through the ORM (see next_version and gpupool.store.changes): what the scheduler
     reads again, and what a writer checks nobody wrote since it read."""
     name: Mapped[str] = mapped_column(String(63))
+    live_name: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    """Its name while it lives (lifecycle sets and clears it); None once finished or replaced."""
     project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"))
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
     idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
@@ -210,6 +215,18 @@ class WorkloadRow(Base):
     """The code it runs in (`sha256:<hex>` of a code manifest its project uploaded), copied into its working
     directory before it starts; None: it starts in an empty one."""
     env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    spec: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """What was submitted (the WorkloadCreate, name and project aside): what `rerun` submits again."""
+    spec_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """SHA-256 of `spec` as canonical JSON: what `apply` compares."""
+    retry: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """Its retry policy: {on, max_retries, backoff_s}; None: never retried."""
+    retry_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    """A retry's backoff ends then (it is held until); None otherwise."""
+    attempts: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    """Its ended attempts: [{number (from 1), started, ended, outcome, reason, exit_code, retried}]."""
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Deleted by its project (finished; its files removed): gone from lists and look-ups, kept for usage."""
     port: Mapped[int | None] = mapped_column(Integer, nullable=True)
     grace_s: Mapped[float] = mapped_column(Float)
     app_token: Mapped[str | None] = mapped_column(String(64), nullable=True)

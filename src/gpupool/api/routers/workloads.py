@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+from sqlalchemy.orm import Session
 
-from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
+from gpupool.api.deps import Context, ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
+from gpupool.models.attempts import ApplyResult
 from gpupool.models.schemas import (
     INT32_MAX,
     INT64_MAX,
@@ -20,7 +23,8 @@ from gpupool.models.schemas import (
     WorkloadPublic,
     WorkloadState,
 )
-from gpupool.services import logs, reports, workloads
+from gpupool.services import logs, reports, reruns, workloads
+from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid
 
 router = APIRouter(tags=["workloads"], responses=ERRORS)
@@ -91,6 +95,63 @@ def resume_workload(
 ) -> WorkloadPublic:
     out = workloads.resume(session, who, ref, project)  # never waits for a cycle: see workloads._write
     ctx.controller.wake()
+    return out
+
+
+def _submitter(session: Session, ctx: Context, who: Principal) -> reruns.Submit:
+    return partial(
+        workloads.submit, session, who, default_grace_s=ctx.settings.grace_s,
+        min_runtime_s=ctx.settings.min_runtime_s or {}, notebooks=ctx.backend.capabilities().notebooks,
+    )  # fmt: skip
+
+
+@router.post("/workloads/{ref}/rerun", response_model=WorkloadPublic, status_code=201)
+def rerun_workload(
+    ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
+) -> WorkloadPublic:
+    """A finished workload's spec again, under its name: a new workload; the old one stays as its history."""
+    out = reruns.rerun(session, who, ref, project, _submitter(session, ctx, who))
+    ctx.controller.wake()
+    return out
+
+
+@router.delete("/workloads/{ref}", response_model=dict[str, list[int]])
+def delete_workload(
+    ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
+) -> dict[str, list[int]]:
+    """A finished workload and the earlier ones of its name, with their files; 409 while one of its name lives."""
+    ids = reruns.delete(session, who, ref, project)
+    discard = getattr(ctx.backend, "discard", None)  # a backend that keeps files for workloads removes them
+    if discard is not None:
+        for wid in ids:
+            discard(wid)
+    return {"deleted": ids}
+
+
+@router.put(
+    "/workloads/{name}", response_model=ApplyResult,
+    responses={201: {"model": ApplyResult, "description": "Submitted (no workload of this name lived)."}},
+)  # fmt: skip
+def apply_workload(
+    name: str,
+    body: WorkloadCreate,
+    response: Response,
+    session: SessionDep,
+    ctx: ContextDep,
+    who: CurrentUser,
+    project: ProjectQ = None,
+    force: bool = False,
+) -> ApplyResult | JSONResponse:
+    """Declarative: 200 `unchanged` when the live workload of this name has this spec (nothing written); 201 when
+    none lives (a finished one's name runs again); 409 naming what differs unless `force`, which cancels the live
+    one (within its grace period) and submits this spec under its name."""
+    try:
+        out = reruns.apply(session, who, name, project, body, force, _submitter(session, ctx, who))
+    except reruns.SpecDiffers as e:
+        return JSONResponse({"detail": e.message, "differs": e.differs}, status_code=409)
+    if out.created:
+        response.status_code = 201
+        ctx.controller.wake()
     return out
 
 
