@@ -69,12 +69,15 @@ def _stop_details(row: WorkloadRow) -> dict[int, str]:
 
 
 def _with_detail(row: WorkloadRow, event: EventRow, details: dict[int, str]) -> EventRow:
-    """A failed event names why its member failed where the backend said (`Observed.reason`), as its detail."""
+    """The event that ends an attempt on a member's failure names why it failed, where the backend said
+    (`Observed.reason`), as its detail."""
     member = event.args.get("member")
-    if event.code != EventCode.FAILED or member not in details:
+    if event.reason_code != StopReason.MEMBER_FAILED or member not in details:
         return event
+    current_reason = row.reason_event == event.code and row.reason_args == event.args
     event.args = {**event.args, "detail": details[member]}
-    row.reason_args = event.args  # the workload's current reason is this event's
+    if current_reason:  # the workload's reason is this event's: it says the same
+        row.reason_args = event.args
     return event
 
 
