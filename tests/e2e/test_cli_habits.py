@@ -42,6 +42,8 @@ def cli_env(s: Server, **extra: str) -> dict[str, str]:
          "'soon' is not a duration (like 30m, 1h30m, 3d, 90s or seconds)"),
         (("list", "--state", "done"), "error: --state 'done': expected one of pending, starting, running, preempted, "
          "suspended, succeeded, failed, cancelled"),
+        (("submit", "--retry", "sometimes", "--", "true"), "error: --retry 'sometimes': expected one of on-failure, "
+         "on-preemption, always"),
         (("list", "--bogus"), "error: No such option: --bogus (see gpupool list --help)"),
         (("server", "--grace", "3x"), "error: Invalid value for '--grace': '3x' is not a duration (like 30m, 1h30m, "
          "3d, 90s or seconds) (see gpupool server --help)"),
@@ -244,3 +246,21 @@ def test_a_directory_goes_with_the_job_where_named(make_server: Callable[..., Se
     spec.write_text("project: vision\nname: from-yaml\nworkdir: other\ncommand: [sh, run.sh]\n")
     s.cli("apply", "-f", str(spec))
     assert s.workload("from-yaml")["code"] == shown["other"]["code"]
+
+
+def test_a_failing_job_retried_twice_shows_its_attempts(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    s.cli("submit", "-p", "vision", "--name", "flaky", "--retry", "on-failure", "--max-retries", "2",
+          "--retry-backoff", "0s", "--", "sh", "-c", "echo try; exit 4")  # fmt: skip
+    wait_for(lambda: s.workload("flaky")["state"] == "failed" and len(s.workload("flaky")["attempts"]) == 3, 60,
+             "three failed attempts")  # fmt: skip
+    text = s.cli("describe", "flaky").stdout
+    attempts = text.split("Attempts:\n")[1].split("Isolation:")[0].splitlines()
+    assert [line.split(",")[0] for line in attempts] == ["  1   failed (exit 4)", "  2   failed (exit 4)",
+                                                         "  3   failed (exit 4)"]  # fmt: skip
+    assert [line.endswith("; retried") for line in attempts] == [True, True, False]
+    alone = s.cli("submit", "-p", "vision", "--max-retries", "2", "--", "true", check=False)
+    assert (alone.returncode, alone.stderr) == (
+        2, "error: --max-retries and --retry-backoff go with --retry on-failure, on-preemption or always\n",
+    )  # fmt: skip

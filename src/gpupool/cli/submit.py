@@ -14,6 +14,7 @@ from gpupool.cli.connection import Output, OutputOpt, client, default_project, e
 from gpupool.cli.durations import duration_flag, parse_duration
 from gpupool.client import Client
 from gpupool.client.code import CodeError, upload_tree
+from gpupool.lifecycle.phases import RetryOn
 from gpupool.models.schemas import WorkloadCreate, WorkloadPublic, WorkloadType
 
 TYPES: tuple[str, ...] = get_args(WorkloadType)
@@ -139,6 +140,14 @@ def submit(
         float | None,
         typer.Option("--max-duration", parser=duration_flag, help="Stopped once it has run this long, e.g. 4h or 3d."),
     ] = None,
+    retry: Annotated[str | None, typer.Option("--retry", help=f"Start it again: {', '.join(RetryOn)}.")] = None,
+    max_retries: Annotated[
+        int | None, typer.Option("--max-retries", help="At most this many times (default 3).")
+    ] = None,
+    retry_backoff: Annotated[
+        float | None,
+        typer.Option("--retry-backoff", parser=duration_flag, help="Wait before the first retry, doubling (10s)."),
+    ] = None,
     workdir: Workdir = None,
     no_code: NoCode = False,
     idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Retry-safe submit.")] = None,
@@ -148,6 +157,9 @@ def submit(
     this directory, which goes with the job (without what .gitignore and .gpupoolignore leave out)."""
     choice(type_, "--type", TYPES)
     choice(priority, "--priority", PRIORITIES)
+    choice(retry, "--retry", tuple(RetryOn))
+    if retry is None and (max_retries is not None or retry_backoff is not None):
+        fail("--max-retries and --retry-backoff go with --retry on-failure, on-preemption or always", 2)
     _one_of(workdir, no_code)
     pairs = (read_env_file(env_file) if env_file else {}) | _pairs(env)
     with client() as c:
@@ -158,6 +170,9 @@ def submit(
             "workers": workers, "priority": priority, "preemptible": preemptible, "port": port, "env": pairs,
             "command": list(command or []), "grace_s": grace, "max_duration_s": max_duration,
         }  # fmt: skip
+        if retry is not None:
+            given = {"max_retries": max_retries, "backoff_s": retry_backoff}
+            fields["retry"] = {"on": retry} | {k: v for k, v in given.items() if v is not None}
         try:
             WorkloadCreate.model_validate(fields)  # checked before anything is uploaded
             body = WorkloadCreate.model_validate(fields | {"code": code_of(c, project, workdir, no_code)})

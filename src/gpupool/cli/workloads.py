@@ -171,6 +171,12 @@ def describe_text(d: WorkloadDetail) -> None:
         print(f"URL:         {d.url}")
     if d.exit_code is not None:
         print(f"Exit code:   {d.exit_code}")
+    if len(d.attempts) > 1:
+        print("Attempts:")
+        for t in d.attempts:
+            ran = "not started" if t.started is None else f"ran {format_duration((t.ended or time.time()) - t.started)}"
+            how = f"{t.outcome}" + (f" (exit {t.exit_code})" if t.exit_code is not None else "")
+            print(f"  {t.number:<3} {how}, {ran}" + ("; retried" if t.retried else ""))
     if d.isolation:
         print("Isolation:")
         for what, how in d.isolation.items():
