@@ -29,6 +29,7 @@ from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
 from gpupool.control.controller import Controller
 from gpupool.control.leader import LeaderBackend, Leadership
 from gpupool.logs import configure_logging
+from gpupool.services import code
 from gpupool.services.auth import PrincipalCache
 from gpupool.services.oidc import OidcClient, OidcConfig, RoleMap
 from gpupool.services.sessions import first_admin, session_key
@@ -36,6 +37,7 @@ from gpupool.services.sso import Sso
 from gpupool.settings import Settings
 from gpupool.store.engine import make_engine, migrate, session_factory
 from gpupool.store.leases import WakeChannel
+from gpupool.store.tables import WorkloadRow
 
 log = logging.getLogger("gpupool.server")
 
@@ -147,13 +149,26 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     replicated = engine.dialect.name == "postgresql"
     backend: Backend
     if settings.backend == "kubernetes":
-        from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
+        from gpupool.backends.kubernetes.backend import NO_CODE_URL, SERVER_IMAGE, KubernetesBackend, KubeSettings
 
+        code_url = settings.code_url or settings.public_url
+        if code_url is None:
+            raise StartupError(NO_CODE_URL)
         kube = KubeSettings(
             settings.kubeconfig, settings.pool_label, settings.namespace_prefix, settings.default_image,
-            uid_base=settings.uid_base,
+            uid_base=settings.uid_base, code_url=code_url, code_image=settings.code_image or SERVER_IMAGE,
         )  # fmt: skip
-        backend = KubernetesBackend(kube, on_change=lambda: holder[0].loop.nudge() if holder else None)
+
+        def code_token(workload_id: int) -> str:
+            with sessions() as s:
+                row = s.get(WorkloadRow, workload_id)
+                if row is None:
+                    raise LookupError(f"workload {workload_id} is gone")
+                return code.mint_token(s, row)
+
+        backend = KubernetesBackend(
+            kube, on_change=lambda: holder[0].loop.nudge() if holder else None, code_token=code_token
+        )
     else:
         # Replicas on one host share the data dir's run records: one that does not lead must leave them alone
         # (adopting sweeps half-made launches, which the leader may be making); it adopts when it takes over.

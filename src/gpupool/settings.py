@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     """JSON lines (one object per line, with the cycle id) for a log collector; text for people."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     public_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
+    code_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
+    """Kubernetes: the API as the pods reach it, where a pod's init step fetches its workload's code (an in-cluster
+    Service's URL, say); None: the public URL."""
+    code_image: str | None = Field(None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+    """Kubernetes: the image of a pod's code-fetching init step (any with gpupool's client); None: the server's."""
     """How users reach this server (for app URLs, the single sign-on callback); None: http://host:port."""
     oidc_issuer: str | None = Field(None, max_length=512)
     """Single sign-on: the OpenID Connect provider's issuer URL; None: no single sign-on."""

@@ -55,6 +55,10 @@ class Server:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") and k != "XDG_CONFIG_HOME"} | {
             "XDG_CONFIG_HOME": str(root / "config")
         }
+        # The CLI runs where a user would: an empty directory of its own, which a submit uploads as the job's
+        # code (not the repository the tests run from).
+        self.cwd = root / "cwd"
+        self.cwd.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> Server:
         cmd = [GPUPOOL, "server", "--data-dir", str(self.data_dir), "--port", str(self.port), "--gpus", self.gpus]
@@ -96,7 +100,7 @@ class Server:
 
     def cli(self, *args: str, token: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = self.env | {"GPUPOOL_URL": self.url, "GPUPOOL_TOKEN": token or self.admin_token}
-        done = subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=60)
+        done = subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=60, cwd=self.cwd)
         if check and done.returncode != 0:
             raise AssertionError(f"gpupool {' '.join(args)} failed ({done.returncode}): {done.stderr}{done.stdout}")
         return done

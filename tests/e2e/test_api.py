@@ -142,7 +142,7 @@ def test_login_saves_the_connection_privately_and_whoami_reads_it(org_server: Se
     env_less = s.env | {"XDG_CONFIG_HOME": str(s.root / "carol")}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([GPUPOOL, *args], env=env_less, capture_output=True, text=True, timeout=60)
+        return subprocess.run([GPUPOOL, *args], env=env_less, capture_output=True, text=True, timeout=60, cwd=s.cwd)
 
     assert run("list").returncode == 1  # not logged in: a message, not a traceback
     assert "gpupool login" in run("list").stderr

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,8 +20,12 @@ from tests.e2e.conftest import GPUPOOL, Server, wait_for
 LONG = "a-very-long-workload-name-of-sixty-three-characters-0123456789a"
 
 
+EMPTY = tempfile.mkdtemp(prefix="gpupool-cli-")
+
+
 def run(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=60, input=stdin)
+    # In an empty directory, which a submit sends as the job's code (not the repository the tests run from).
+    return subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=60, input=stdin, cwd=EMPTY)
 
 
 def cli_env(s: Server, **extra: str) -> dict[str, str]:
@@ -212,7 +217,9 @@ def test_contexts_hold_servers_tokens_and_a_default_project(make_server: Callabl
     assert (missing.returncode, missing.stderr) == (2, "error: no context 'nowhere' (contexts: default, lab)\n")
 
 
-def test_a_directory_goes_with_the_job_where_named(make_server: Callable[..., Server], tmp_path: Path) -> None:
+def test_the_current_directory_goes_with_the_job_unless_told_otherwise(
+    make_server: Callable[..., Server], tmp_path: Path
+) -> None:
     s = make_server("fake:1xH100-80GB")
     s.cli("project", "create", "vision", "--deserved-gpus", "1")
     here = tmp_path / "project"
@@ -231,13 +238,14 @@ def test_a_directory_goes_with_the_job_where_named(make_server: Callable[..., Se
                               text=True, timeout=60)  # fmt: skip
         assert done.returncode == 0, done.stderr
 
-    submit("--name", "here", "--workdir", ".", "--", "sh", "train.sh")
+    submit("--name", "here", "--", "sh", "train.sh")
+    submit("--name", "dot", "--workdir", ".", "--", "sh", "train.sh")
     submit("--name", "other", "--workdir", str(other), "--", "sh", "run.sh")
-    submit("--name", "none", "--", "true")
-    shown = {n: s.workload(n) for n in ("here", "other", "none")}
+    submit("--name", "none", "--no-code", "--", "true")
+    shown = {n: s.workload(n) for n in ("here", "dot", "other", "none")}
     # Only what .gitignore lets through: train.sh, data/set.txt and .gitignore itself.
-    assert [(w["code_files"], w["code_bytes"]) for w in shown.values()] == [(3, 54), (1, 20), (None, None)]
-    assert shown["none"]["code"] is None and shown["here"]["code"] != shown["other"]["code"]
+    assert [(w["code_files"], w["code_bytes"]) for w in shown.values()] == [(3, 54), (3, 54), (1, 20), (None, None)]
+    assert shown["none"]["code"] is None and shown["here"]["code"] == shown["dot"]["code"] != shown["other"]["code"]
     assert f"Code:        {shown['here']['code'][:19]}… (3 files, 54 B)" in s.cli("describe", "here").stdout
     both = s.cli("submit", "-p", "vision", "--workdir", str(other), "--no-code", "--", "true", check=False)
     assert (both.returncode, both.stderr) == (2, "error: --workdir and --no-code: give one or the other\n")

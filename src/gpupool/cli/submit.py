@@ -40,20 +40,17 @@ def project_of(c: Client, project: str | None) -> str:
 
 Workdir = Annotated[
     Path | None,
-    typer.Option("--workdir", help="A directory sent as the job's code, where it starts (`.`: this one)."),
+    typer.Option("--workdir", help="The directory sent as the job's code, where it starts (default: this one)."),
 ]
 NoCode = Annotated[bool, typer.Option("--no-code", help="Send no code: the job starts in an empty directory.")]
 
 
 def code_of(c: Client, project: str, workdir: Path | None, no_code: bool) -> str | None:
-    """The `code` of a workload: the directory uploaded (only what the project has not sent before), or None.
-
-    No directory is sent unless named: the issue asks for the current one by default, which waits until the
-    end-to-end harness runs the CLI from an empty directory rather than from the repository (whose pyproject.toml
-    would have every test job build gpupool's own environment)."""
-    if no_code or workdir is None:
+    """The `code` of a workload: the directory uploaded (only what the project has not sent before; the current
+    one unless `--workdir` names another), or None (`--no-code`, or an empty directory)."""
+    if no_code:
         return None
-    directory = workdir
+    directory = workdir if workdir is not None else Path.cwd()
     try:
         sent = upload_tree(c, directory, project)
     except CodeError as e:

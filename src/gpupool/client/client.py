@@ -19,6 +19,7 @@ from gpupool.models.access import (
     TokenCreated,
     TokenPublic,
 )
+from gpupool.models.attempts import ApplyResult
 from gpupool.models.rightsizing import RightsizingReport
 from gpupool.models.schemas import (
     CodeLimits,
@@ -240,6 +241,23 @@ class Client:
 
     def resume(self, ref: str, project: str | None = None) -> WorkloadPublic:
         return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{ref}/resume", params=_project(project))
+
+    def rerun(self, ref: str, project: str | None = None) -> WorkloadPublic:
+        """A finished workload's spec again under its name (a new workload; the old one stays as its history)."""
+        return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{ref}/rerun", params=_project(project))
+
+    def delete(self, ref: str, project: str | None = None) -> list[int]:
+        """Deletes a finished workload, the earlier ones of its name, and their files: the ids deleted."""
+        resp = self._call("DELETE", f"/api/v1/workloads/{ref}", params=_project(project))
+        return [int(x) for x in resp.json()["deleted"]]
+
+    def apply(self, body: WorkloadCreate, force: bool = False) -> ApplyResult:
+        """The spec under its name, declaratively: `unchanged` where the live workload has it; a 409 naming what
+        differs unless `force` (which replaces the live one); otherwise submitted."""
+        if body.name is None:
+            raise ValueError("apply needs a name: it is what the spec is applied to")
+        params = {"project": body.project, **({"force": "true"} if force else {})}
+        return self._send(ApplyResult, "PUT", f"/api/v1/workloads/{body.name}", body, params=params)
 
     def logs(self, ref: str, project: str | None = None, rank: int = 0, offset: int = 0) -> tuple[bytes, int, str]:
         """(bytes from offset, the next offset, the workload's state)."""
