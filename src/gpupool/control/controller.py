@@ -258,12 +258,11 @@ class Controller:
         started = time.perf_counter()
         self.last_sample_s = 0.0
         now = self.clock()
-        with self._step("retries"):
-            self._release_retries(now)
         # Nothing is written until the decision is made: the write lock (SQLite has one) is held only for
         # the commit, not while the scheduler thinks, so submits are never kept waiting by a cycle.
         with s.no_autoflush:
             with self._step("reconcile"):
+                self._release_retries(now)
                 observed = self.backend.observe()
                 queues = list(s.scalars(select(QueueRow)))
                 projects = {q.id: q.name for q in queues}
