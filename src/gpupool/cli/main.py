@@ -148,7 +148,7 @@ def policies() -> None:
 
 
 def _register() -> None:
-    from gpupool.cli import access, admin, config_cmd, policy, pools, submit, workloads
+    from gpupool.cli import access, admin, attempts, config_cmd, policy, pools, submit, workloads
 
     app.command()(admin.login)
     app.command()(admin.whoami)
@@ -168,6 +168,7 @@ def _register() -> None:
     app.add_typer(config_cmd.config_app, name="config")
     app.command()(submit.submit)
     app.command()(submit.apply)
+    attempts.register(app)
     app.command("list")(workloads.list_)
     app.command()(workloads.describe)
     app.command()(workloads.logs)

@@ -41,7 +41,8 @@ def resolve(session: Session, who: Principal | None, project: str, name: str) ->
     queue = session.scalar(select(QueueRow).where(QueueRow.name == project, QueueRow.kind == "project"))
     if queue is None or (who is not None and not who.can_read(queue.id)):
         raise NotFound(f"no app {project}/{name}")
-    row = session.scalar(select(WorkloadRow).where(WorkloadRow.project_id == queue.id, WorkloadRow.name == name))
+    # The live workload of that name: a name is unique among live workloads only (finished ones keep it too).
+    row = session.scalar(select(WorkloadRow).where(WorkloadRow.project_id == queue.id, WorkloadRow.live_name == name))
     if row is None or row.type not in APP_TYPES or (who is None and row.type != "inference"):
         raise NotFound(f"no app {project}/{name}")
     if who is not None and not who.can_write(queue.id):

@@ -65,7 +65,7 @@ def create(session: Session, who: Principal, body: TokenCreate) -> TokenCreated:
         if body.app is None:
             raise Invalid("an apikey opens one inference service: name it with app")
         service = session.scalar(
-            select(WorkloadRow).where(WorkloadRow.project_id == project.id, WorkloadRow.name == body.app)
+            select(WorkloadRow).where(WorkloadRow.project_id == project.id, WorkloadRow.live_name == body.app)
         )
         if service is None or service.type != "inference":
             raise NotFound(f"no inference service named {body.app!r} in {project.name!r}")
