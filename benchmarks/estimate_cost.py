@@ -74,9 +74,10 @@ def measure_forked(
     child = ForecastProcess(snapshot, model, declared, config, limits, timeout_s=3600.0)
     fork_s = time.perf_counter() - t0
     started = time.monotonic()
-    if hasattr(os, "sched_setaffinity"):  # the child runs beside the pinned parent, as on a server's other cores
+    if hasattr(os, "sched_setaffinity"):  # the child runs beside the pinned parent, on the other cores
+        others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
         with contextlib.suppress(OSError):
-            os.sched_setaffinity(child.pid, range(os.cpu_count() or 1))
+            os.sched_setaffinity(child.pid, others or os.sched_getaffinity(0))
     after: list[float] = []
     for _ in range(2 if cycle is not None else 0):
         assert cycle is not None
