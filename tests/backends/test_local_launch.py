@@ -14,6 +14,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -313,3 +314,35 @@ def test_with_the_disk_full_after_the_intent_the_member_is_tracked_and_its_exit_
     # Ended while "down" with the disk full: nothing was written, so the restarted one cannot know how.
     assert _ended(again, "10-0-0") is None
     assert _starts(starts) == ["10-0-0"]
+
+
+ADOPT_AS_SESSION_LEADER = """
+import json, os, sys, time
+from pathlib import Path
+from gpupool.backends.local import LocalBackend, discover
+from tests.backends.test_local_launch import _spec
+data, starts = Path(sys.argv[1]), Path(sys.argv[2])
+first = LocalBackend(data, "host", "default", discover("fake:2xH100-80GB"))
+first.launch(_spec("9-0-0", starts, "exec sleep 600"))
+deadline = time.monotonic() + 20
+while not starts.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+(data / "run" / "9-0-0.json").write_text(json.dumps({"devices": [], "enforced": False}))  # no pid written down
+again = LocalBackend(data, "host", "default", discover("fake:2xH100-80GB"))
+again.launch(_spec("9-0-0", starts, "exec sleep 600"))
+found = json.loads((data / "run" / "9-0-0.json").read_text()).get("pid")
+print(json.dumps({"me": os.getpid(), "sid": os.getsid(0), "found": found, "wrapper": first._runs["9-0-0"].pid}))
+again.stop("9-0-0", force=True)
+"""
+
+
+def test_a_server_leading_its_own_session_never_takes_itself_for_a_members_wrapper(tmp_path: Path) -> None:
+    # Under systemd (or setsid) the server leads its session, as the wrapper does, and holds the lock file open
+    # while it tests it: it must find the wrapper, or a stop kills the server's own process group.
+    done = subprocess.run(
+        [sys.executable, "-c", ADOPT_AS_SESSION_LEADER, str(tmp_path / "data"), str(tmp_path / "starts")],
+        capture_output=True, text=True, timeout=60, start_new_session=True, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert (seen["sid"], seen["found"]) == (seen["me"], seen["wrapper"])

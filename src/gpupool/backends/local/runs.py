@@ -211,10 +211,15 @@ class RunDir:
             lock = os.stat(self.lock_path(alloc_id))
         except FileNotFoundError:
             return None
+        me = os.getpid()
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
             pid = int(entry.name)
+            if pid == me:
+                # The server opens the lock file itself to test it, and under systemd (or setsid) it leads its
+                # own session: taken for the wrapper, a stop would kill the server's process group.
+                continue
             try:
                 if os.getsid(pid) != pid:
                     continue
