@@ -121,6 +121,7 @@ def test_a_bad_requirement_fails_the_workload_with_uvs_reason(server: tuple[Serv
     assert len(detail.encode()) <= 1024 and len(detail.splitlines()) <= 5
     assert f"gpupool: {detail}" in _log(ana, "bad")
     assert "never runs" not in _log(ana, "bad")
+    assert failed["reason"] == f"member 0 exited with code 97: {detail}"  # what describe prints
 
 
 def test_a_container_outlives_a_killed_server_is_adopted_and_stopped_with_its_grace(

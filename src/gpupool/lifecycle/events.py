@@ -70,7 +70,8 @@ def stop_cause(reason: str | None, args: Mapping[str, Any]) -> str:
         bound = "its max duration" if args.get("declared") else "limit"
         return f"ran for {duration(args.get('ran_s', 0))} ({bound} {duration(args.get('limit_s', 0))})"
     if reason == StopReason.MEMBER_FAILED:
-        return f"member {args.get('member', '?')} exited with {_exit(args.get('exit_code'))}"
+        said = f": {args['detail']}" if args.get("detail") else ""
+        return f"member {args.get('member', '?')} exited with {_exit(args.get('exit_code'))}{said}"
     if reason == StopReason.NODE_LOST:
         return f"node {args.get('node', '?')} was lost"
     if "detail" in args:

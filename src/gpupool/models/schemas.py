@@ -192,7 +192,7 @@ class WorkloadCreate(Wire):
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     command: list[str] = Field(default_factory=list, max_length=1024)
     image: str | None = Field(None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
-    """A container image, for the kubernetes backend (the local backend runs commands on the host)."""
+    """A container image: the pod's on Kubernetes; run through podman on the local backend."""
     grace_s: float | None = Field(None, ge=0, le=3600, allow_inf_nan=False)
     max_duration_s: float | None = Field(
         None,
