@@ -104,8 +104,19 @@ def test_unknown_projects_pools_fields_and_bad_yaml_are_refused(org_server: Serv
     w = s.wait_state("from-yaml", "running")
     assert w["priority"] == "batch" and w["gpu_memory_mib"] == 20480
     assert [x["name"] for x in s.json("list")] == ["from-yaml"]
-    dup = s.cli("apply", "-f", str(good), check=False)
-    assert dup.returncode == 1 and "already has a workload named" in dup.stderr
+    again = s.cli("apply", "-f", str(good))
+    assert again.stdout == f"workload from-yaml unchanged (id {w['id']}, running)\n"
+    good.write_text(good.read_text().replace("'30'", "'40'"))
+    changed = s.cli("apply", "-f", str(good), check=False)
+    assert (changed.returncode, changed.stdout) == (1, "")
+    assert changed.stderr == (
+        "error: 'from-yaml' runs another spec (command: ['sleep', '30'] → ['sleep', '40']); apply with force to "
+        f"replace it\n(`gpupool apply -f {good} --force` replaces it)\n"
+    )
+    forced = s.cli("apply", "-f", str(good), "--force")
+    new = s.workload("from-yaml")
+    assert forced.stdout == f"workload from-yaml replaced: id {w['id']} stopped, id {new['id']} pending\n"
+    assert new["command"] == ["sleep", "40"]
     # A retry key in the file makes applying it twice submit once (issue 15: the field used to be refused).
     keyed = tmp_path / "keyed.yaml"
     keyed.write_text("project: vision\nname: keyed\nidempotency_key: nightly-1\ncommand: [sleep, '30']\n")

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from gpupool.cli.connection import Output, OutputOpt, client, default_project, emit_json, fail
 from gpupool.cli.durations import duration_flag, parse_duration
 from gpupool.client import Client
+from gpupool.client.client import ApiError
 from gpupool.client.code import CodeError, upload_tree
 from gpupool.lifecycle.phases import RetryOn
 from gpupool.models.schemas import WorkloadCreate, WorkloadPublic, WorkloadType
@@ -192,6 +193,9 @@ def _durations(data: dict[str, Any], file: Path) -> None:
 
 def apply(
     file: Annotated[Path, typer.Option("-f", "--file", help="A workload in YAML (the fields of submit).")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the live workload of that name if its spec differs.")
+    ] = False,
     workdir: Workdir = None,
     no_code: NoCode = False,
     output: Output = OutputOpt,
@@ -231,4 +235,20 @@ def apply(
             body = WorkloadCreate.model_validate(data)
         except ValidationError as e:
             fail(f"{file}: {_validation(e)}", 2)
-        _submitted(c.submit(body, key), output)
+        if body.name is None:  # nothing to apply it to: a plain submit
+            _submitted(c.submit(body, key), output)
+            return
+        try:
+            done = c.apply(body, force)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            fail(f"{e.reason}\n(`gpupool apply -f {file} --force` replaces it)")
+    if output is Output.json:
+        emit_json(done)
+    elif done.unchanged:
+        print(f"workload {done.name} unchanged (id {done.id}, {done.state})")
+    elif done.replaced is not None:
+        print(f"workload {done.name} replaced: id {done.replaced} stopped, id {done.id} {done.state}")
+    else:
+        print(f"workload {done.name} created (id {done.id}): {done.state}")
