@@ -60,9 +60,12 @@ def test_delete_and_rerun_under_the_same_name(s: Server, monkeypatch: pytest.Mon
     assert (code, out) == (0, f"workload once: pending (id {second.id}; a new run)\n")
     assert [h.id for h in second.history] == [first.id]
     s.wait_state("once", "succeeded")
+    files = [s.data_dir / kind / str(w.id) for kind in ("workloads", "logs") for w in (first, second)]
+    assert [p.is_dir() for p in files] == [True] * 4
     assert _cli(s, monkeypatch, "delete", "once", "-p", "vision", "--yes") == (
         0, f"deleted once (2 runs: ids {first.id}, {second.id})\n",
     )  # fmt: skip
+    assert [p.exists() for p in files] == [False] * 4  # their working directories and logs went with them
     with pytest.raises(ApiError) as gone:
         c.describe("once", "vision")
     assert (gone.value.status, gone.value.reason) == (404, "no workload named 'once'")

@@ -35,7 +35,7 @@ from gpupool.backends.local.reaper import Reaper
 from gpupool.backends.local.runs import Found, Record, RunDir, start_ticks
 from gpupool.backends.local.sandbox import APP_SOCKET, Isolation, Limits, Member, Sandbox
 from gpupool.backends.local.telemetry import CpuActivity, NvmlReader, processes, tree
-from gpupool.backends.local.workdirs import Blobs, CodePlacer
+from gpupool.backends.local.workdirs import Blobs, CodePlacer, discard
 from gpupool.core import Node
 from gpupool.failpoints import failpoint
 
@@ -135,6 +135,11 @@ class LocalBackend:
 
     def capabilities(self) -> Capabilities:
         return self._capabilities
+
+    def discard(self, workload_id: int) -> None:
+        """A deleted workload's files go (the API's delete asks; a live workload's are never asked for)."""
+        discard(self.data_dir, workload_id)
+        self._code.forget(workload_id)
 
     def log_path(self, workload_id: int, rank: int) -> str:
         return str(self.data_dir / "logs" / str(workload_id) / f"rank-{rank}.log")

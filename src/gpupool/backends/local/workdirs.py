@@ -151,3 +151,9 @@ def _sync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def discard(data_dir: Path, workload_id: int) -> None:
+    """A deleted workload's files: its working directory and its logs."""
+    for path in (data_dir / "workloads" / str(workload_id), data_dir / "logs" / str(workload_id)):
+        shutil.rmtree(path, ignore_errors=True)
