@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.cli.durations import format_duration, parse_duration
 from gpupool.cli.submit import PRIORITIES
 from gpupool.core.priority import DEFAULT_CLASSES
+from gpupool.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

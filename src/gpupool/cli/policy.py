@@ -11,8 +11,8 @@ from typing import Annotated
 import typer
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
-from gpupool.cli.durations import format_duration, parse_duration
 from gpupool.cli.submit import TYPES
+from gpupool.durations import format_duration, parse_duration
 from gpupool.models.rightsizing import RightsizingLine
 from gpupool.models.schemas import PolicyPublic, PolicyUpdate
 

@@ -15,7 +15,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import SettingsError
 
 from gpupool.cli.connection import fail
-from gpupool.cli.durations import duration_flag
+from gpupool.durations import duration_flag
 from gpupool.settings import SECRETS, ConfigError, Settings
 
 FIELDS = {

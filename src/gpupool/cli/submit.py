@@ -11,10 +11,10 @@ import yaml
 from pydantic import ValidationError
 
 from gpupool.cli.connection import Output, OutputOpt, client, default_project, emit_json, fail
-from gpupool.cli.durations import duration_flag, parse_duration
 from gpupool.client import Client
 from gpupool.client.client import ApiError
 from gpupool.client.code import CodeError, upload_tree
+from gpupool.durations import duration_flag, parse_duration
 from gpupool.lifecycle.phases import RetryOn
 from gpupool.models.schemas import WorkloadCreate, WorkloadPublic, WorkloadType
 

@@ -12,11 +12,11 @@ import typer
 from rich.console import Console
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
-from gpupool.cli.durations import format_duration
 from gpupool.cli.submit import ProjectOpt
 from gpupool.cli.table import Column, print_fitted, terminal_width
 from gpupool.client import Client
 from gpupool.client.code import human
+from gpupool.durations import format_duration
 from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import QUEUED, Phase
 from gpupool.models.schemas import EventPublic, WorkloadDetail, WorkloadPublic

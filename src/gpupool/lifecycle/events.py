@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
+from gpupool.durations import format_duration
 from gpupool.lifecycle.phases import StopReason
 
 
@@ -44,14 +45,7 @@ class EventCode(StrEnum):
 
 
 def duration(seconds: float) -> str:
-    s = int(seconds)
-    if s >= 3600 and s % 3600 == 0:
-        return f"{s // 3600}h"
-    if s >= 60 and s % 60 == 0:
-        return f"{s // 60}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60}s"
-    return f"{s}s"
+    return format_duration(seconds)
 
 
 def _exit(code: Any) -> str:

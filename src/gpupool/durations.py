@@ -1,7 +1,7 @@
 """Durations as people write and read them: `30m`, `1h30m`, `3d`, `90s` or plain seconds in; `3d`, `1h30m` out.
 
-Every CLI command that takes or shows a duration goes through this module, so `--max-duration 3d` is printed back
-as `3d`, never as `259200s`."""
+Every CLI command that takes or shows a duration, and every sentence the server renders with one (events,
+reasons), goes through this module, so `--max-duration 3d` is printed back as `3d`, never as `259200s`."""
 
 from __future__ import annotations
 
