@@ -227,9 +227,11 @@ def test_a_member_removed_from_the_project_loses_an_open_app_connection(make_ser
     s.cli("project", "create", "lab", "--deserved-gpus", "1")
     s.cli("project", "set", "lab", "--production-allowed")
     bob = s.json("user", "create", "bob", "--project", "lab")["token"]
+    # The service brings its own dependency, as a user's would: an environment of the project's own is built.
+    (s.cwd / "requirements.txt").write_text("websockets\n")
     s.cli("submit", "-p", "lab", "--type", "inference", "--name", "echo", "--port", "8000", "--",
-          sys.executable, "-c", ECHO, token=bob)  # fmt: skip
-    s.wait_state("echo", "running", timeout=60)
+          "python", "-c", ECHO, token=bob)  # fmt: skip
+    s.wait_state("echo", "running", timeout=180)
     url = f"{s.url.replace('http://', 'ws://')}/apps/lab/echo/"
     with connect(url, additional_headers={"Authorization": f"Bearer {bob}"}, open_timeout=10) as ws:
         ws.send("hello")

@@ -174,7 +174,7 @@ def test_the_password_comes_from_the_environment_or_a_file_and_is_never_shown(
 ) -> None:
     role = guarded_db.rsplit("/", 1)[1]
     s = Server(tmp_path / "env", guarded_db, GPUS, ("--single-user",))
-    s.root.mkdir()
+    s.root.mkdir(exist_ok=True)
     s.env["GPUPOOL_DB_PASSWORD"] = PASSWORD
     servers.started.append(s)
     s.start()

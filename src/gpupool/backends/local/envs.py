@@ -104,7 +104,7 @@ def configure(root: Path, environ: dict[str, str]) -> None:
     shared = plan(root / SHARED, Path("/nonexistent"), False)
     with contextlib.suppress(BuildError, OSError):  # no uv, no room: each member says so when it starts
         shared.path.parent.mkdir(mode=0o755, exist_ok=True)
-        build(Build(shared.path, shared.python, [], [], [], None, None))
+        build(Build(shared.path, shared.python, [], [], [], None, None), echo=False)
 
 
 def find_uv() -> str | None:
@@ -161,8 +161,9 @@ class Build:
     owner: int | None
 
 
-def build(b: Build) -> None:
-    """Build the environment once: under its lock, and only where no complete one is there yet."""
+def build(b: Build, echo: bool = True) -> None:
+    """Build the environment once: under its lock, and only where no complete one is there yet. `echo`: uv's
+    output goes to stdout (a member's log); the server's own start keeps it off its terminal."""
     env, root = b.env, b.env.parent
     settings = json.loads((root.parent / "uv.json").read_text())
     uv = settings.get("uv")
@@ -189,7 +190,8 @@ def build(b: Build) -> None:
         for step in steps:
             done = subprocess.run(step, env=uv_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
             text = done.stdout.decode(errors="replace")
-            sys.stdout.write(text)
+            if echo:
+                sys.stdout.write(text)
             if done.returncode != 0:
                 tail = "\n".join(text.strip().splitlines()[-_TAIL_LINES:])
                 what = " and ".join(b.sources) if b.sources else "nothing (an empty environment)"
