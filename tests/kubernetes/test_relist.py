@@ -54,7 +54,7 @@ def test_a_cycle_during_a_relist_after_410_sees_every_running_pod(cluster: Clust
     cluster.add_gpu_nodes(1, prefix="relist")
     gate = Gate(cluster).open()
     settings = Settings(data_dir=tmp_path / "data", backend="kubernetes", kubeconfig=str(gate.kubeconfig),
-                        gpus="fake:1xH100-80GB")  # fmt: skip
+                        gpus="fake:1xH100-80GB", public_url="http://127.0.0.1:8470")  # fmt: skip
     ctx, _ = build(settings)
     backend, controller = ctx.backend, ctx.controller
     assert isinstance(backend, KubernetesBackend)
