@@ -66,7 +66,8 @@ def test_version_and_shell_completion(tmp_path: Path) -> None:
 
     env = os.environ | {"XDG_CONFIG_HOME": str(tmp_path)}
     assert run(env, "--version").stdout == f"gpupool {__version__}\n"
-    script = run(env, "--show-completion", "bash")
+    # Typer's own switch: the shell named, not detected from the parents (under CI, no shell is among them).
+    script = run(env | {"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}, "--show-completion", "bash")
     assert script.returncode == 0 and "_GPUPOOL_COMPLETE=complete_bash" in script.stdout
     # What bash asks the script for when the user types `gpupool con<TAB>`.
     asked = env | {"_GPUPOOL_COMPLETE": "complete_bash", "COMP_WORDS": "gpupool con", "COMP_CWORD": "1"}
@@ -127,8 +128,10 @@ def test_list_watch_refreshes_until_ctrl_c_and_ends_without_a_traceback(make_ser
     s = make_server("fake:1xH100-80GB")
     s.cli("project", "create", "vision", "--deserved-gpus", "1")
     s.cli("submit", "-p", "vision", "--name", "watched", "--", "sleep", "600")
+    # Ctrl-C as a terminal sends it: a run in the background (CI's) would hand it SIGINT ignored, as shells do.
     proc = subprocess.Popen([GPUPOOL, "list", "--watch"], env=cli_env(s), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, cwd=EMPTY,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         assert proc.stdout is not None
         seen: list[str] = []
