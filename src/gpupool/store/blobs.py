@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpupool.durable import fsync_dir
+
 DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 CHUNK_BYTES = 1024 * 1024
 """The largest blob: files are cut into chunks of this size, so every upload fits the API's body limit and a
@@ -70,7 +72,7 @@ class BlobStore:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        _sync_dir(final.parent)
+        fsync_dir(final.parent)
         return True
 
     def remove(self, digest: str) -> None:
@@ -93,14 +95,6 @@ class BlobStore:
             with contextlib.suppress(FileNotFoundError):
                 if f.stat().st_mtime < cutoff:
                     f.unlink()
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def blob_root(data_dir: Path) -> Path:

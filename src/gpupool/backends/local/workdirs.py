@@ -22,6 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
+from gpupool.durable import fsync_dir
 from gpupool.failpoints import failpoint
 from gpupool.models.schemas import CodeManifest
 
@@ -95,7 +96,7 @@ class CodePlacer:
                 os.chmod(dest, f.mode)
             _own(dest, uid)
         _own(staging, uid)
-        _sync(staging)
+        fsync_dir(staging)
         # Nothing started in a working directory without a mark: whatever is there (an empty directory a failed
         # launch prepared) goes.
         if workdir.exists():
@@ -104,7 +105,7 @@ class CodePlacer:
             shutil.rmtree(trash, ignore_errors=True)
         workdir.parent.mkdir(parents=True, exist_ok=True)
         staging.rename(workdir)
-        _sync(workdir.parent)
+        fsync_dir(workdir.parent)
         failpoint("code.before-mark")
         mark = self.mark_path(workload_id)
         tmp = mark.with_name(f"{mark.name}.tmp")
@@ -113,7 +114,7 @@ class CodePlacer:
             out.flush()
             os.fsync(out.fileno())
         tmp.replace(mark)
-        _sync(self.root)
+        fsync_dir(self.root)
 
     def _copy(self, chunks: list[str], dest: Path) -> None:
         with open(dest, "wb") as out:
@@ -143,14 +144,6 @@ def _reflink(src: Path, out_fd: int) -> bool:
 def _own(path: Path, uid: int | None) -> None:
     if uid is not None:
         os.chown(path, uid, uid, follow_symlinks=False)
-
-
-def _sync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def discard(data_dir: Path, workload_id: int) -> None:
