@@ -16,7 +16,9 @@ from sqlalchemy.orm import Session
 from gpupool.client import Client
 from gpupool.client.client import ApiError
 from gpupool.client.code import CodeError, fetch, pack, upload, upload_tree
-from gpupool.models.schemas import CodeFile, CodeManifest, UserCreate, WorkloadCreate
+from gpupool.models.accounts import UserCreate
+from gpupool.models.code import CodeFile, CodeManifest
+from gpupool.models.schemas import WorkloadCreate
 from gpupool.services import code as code_service
 from gpupool.store.tables import WorkloadRow
 from tests.e2e.conftest import Server

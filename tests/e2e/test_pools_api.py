@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gpupool.client import ApiError
-from gpupool.models.schemas import PoolPublic, PoolUpdate
+from gpupool.models.system import PoolPublic, PoolUpdate
 from tests.e2e.conftest import Server, wait_for
 
 SPIN = ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.1; done"]

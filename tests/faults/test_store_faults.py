@@ -29,7 +29,8 @@ from gpupool.api.outage import store_fault
 from gpupool.api.routers.system import scheduler_state
 from gpupool.client import ApiError
 from gpupool.control.loop import LoopHealth
-from gpupool.models.schemas import ProjectCreate, Readiness
+from gpupool.models.schemas import ProjectCreate
+from gpupool.models.system import Readiness
 from gpupool.store.engine import make_engine
 from tests.e2e.conftest import Server, Servers, wait_for
 from tests.e2e.postgres import Postgres, _bin

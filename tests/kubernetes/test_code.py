@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 from gpupool.backends.base import DeviceGrant, LaunchSpec
 from gpupool.backends.kubernetes.backend import NO_CODE_URL, SERVER_IMAGE, KubernetesBackend, KubeSettings
 from gpupool.client.code import upload
-from gpupool.models.schemas import UserCreate, WorkloadCreate
+from gpupool.models.accounts import UserCreate
+from gpupool.models.schemas import WorkloadCreate
 from gpupool.services import code as code_service
 from gpupool.store.engine import make_engine, session_factory
 from gpupool.store.tables import QueueRow, WorkloadRow

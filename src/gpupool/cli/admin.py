@@ -10,7 +10,8 @@ import typer
 from gpupool.cli import contexts
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
 from gpupool.client import ApiError, Client
-from gpupool.models.schemas import DepartmentCreate, LoginResponse, ProjectCreate, QueuePublic, QuotaUpdate, UserCreate
+from gpupool.models.accounts import LoginResponse, UserCreate
+from gpupool.models.schemas import DepartmentCreate, ProjectCreate, QueuePublic, QuotaUpdate
 
 department_app = typer.Typer(help="Departments: groups of projects with a quota of their own.", no_args_is_help=True)
 project_app = typer.Typer(help="Projects: where workloads live, each with a quota.", no_args_is_help=True)

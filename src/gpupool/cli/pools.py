@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
-from gpupool.models.schemas import PoolPublic, PoolUpdate
+from gpupool.models.system import PoolPublic, PoolUpdate
 
 pool_app = typer.Typer(
     help="Pools: node groups, and whether their devices are shared across projects.", no_args_is_help=True

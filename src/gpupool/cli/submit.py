@@ -16,7 +16,8 @@ from gpupool.client.client import ApiError
 from gpupool.client.code import CodeError, upload_tree
 from gpupool.durations import duration_flag, parse_duration
 from gpupool.lifecycle.phases import RetryOn
-from gpupool.models.schemas import WorkloadCreate, WorkloadPublic, WorkloadType
+from gpupool.models.schemas import WorkloadCreate, WorkloadPublic
+from gpupool.models.wire import WorkloadType
 
 TYPES: tuple[str, ...] = get_args(WorkloadType)
 PRIORITIES = ("production", "training", "interactive", "batch")

@@ -19,39 +19,34 @@ from gpupool.models.access import (
     TokenCreated,
     TokenPublic,
 )
-from gpupool.models.attempts import ApplyResult
-from gpupool.models.rightsizing import RightsizingReport
-from gpupool.models.schemas import (
-    CodeLimits,
-    CodeManifest,
-    CodeMissing,
-    CodeMissingReply,
-    CodeStored,
-    DepartmentCreate,
+from gpupool.models.accounts import (
     DevicePending,
     DeviceStart,
-    Health,
     LoginResponse,
-    NodePublic,
-    Page,
-    PolicyPublic,
-    PolicyUpdate,
-    PoolPublic,
-    PoolUpdate,
-    ProjectCreate,
-    QueuePublic,
-    QuotaUpdate,
-    Readiness,
     SsoConfig,
-    UsageReport,
     UserCreate,
     UserCreated,
     UserPublic,
     WhoAmI,
+)
+from gpupool.models.attempts import ApplyResult
+from gpupool.models.code import CodeLimits, CodeManifest, CodeMissing, CodeMissingReply, CodeStored
+from gpupool.models.rightsizing import RightsizingReport
+from gpupool.models.schemas import (
+    DepartmentCreate,
+    NodePublic,
+    Page,
+    PolicyPublic,
+    PolicyUpdate,
+    ProjectCreate,
+    QueuePublic,
+    QuotaUpdate,
+    UsageReport,
     WorkloadCreate,
     WorkloadDetail,
     WorkloadPublic,
 )
+from gpupool.models.system import Health, PoolPublic, PoolUpdate, Readiness
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pathspec
 
 from gpupool.client.client import ApiError, Client
-from gpupool.models.schemas import CodeFile, CodeManifest
+from gpupool.models.code import CodeFile, CodeManifest
 
 IGNORE_FILES = (".gitignore", ".gpupoolignore")
 """Read in each directory, in this order: a .gpupoolignore line overrides a .gitignore line (`!data.csv` sends a

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gpupool.models.schemas import Name, Reply, Wire
+from gpupool.models.wire import Name, Reply, Wire
 
 TokenKind = Literal["personal", "service", "session", "apikey", "metrics"]
 MemberRole = Literal["member", "viewer", "admin"]

@@ -1,69 +1,30 @@
-"""Wire models: what the API accepts and returns. They refuse unknown fields; limits are declared once, here.
+"""Wire models of quotas, policies, workloads and nodes: what the API accepts and returns. Limits are declared
+once, here and in models/wire.py.
 
 The client and the CLI import these too, so this module depends on pydantic only.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
+from pydantic import Field, JsonValue
 
-from gpupool.lifecycle.phases import AllocPhase, Phase
 from gpupool.models.attempts import AttemptPublic, HistoryItem, RetryPolicy
 from gpupool.models.rightsizing import RightsizingAdvice
-
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-_DNS = re.compile(DNS_LABEL)
-
-
-def _dns_safe(value: str) -> str:
-    if not _DNS.fullmatch(value):  # match() would let a trailing newline through ($ matches before it)
-        raise ValueError(
-            f"{value[:80]!r} is not a DNS-safe name: use 1-63 lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit"
-        )
-    return value
-
-
-Name = Annotated[str, AfterValidator(_dns_safe)]
-Role = Literal["admin", "member", "viewer"]
-CallerRole = Literal["admin", "department-admin", "member", "viewer"]
-WorkloadType = Literal["notebook", "training", "inference", "batch"]
-WorkloadState = Phase
-"""As a filter (a request): one this server knows."""
-SeenState = Phase | str
-"""In an answer: a phase this release knows, or, from a newer server, one it does not (kept as text)."""
-SeenAllocState = AllocPhase | str
-T = TypeVar("T")
-
-# Numbers are bounded here, before they reach int() or the database: no NaN or Infinity, integers within what
-# their column holds (the store's Integer columns are 32-bit, BigInteger ones 64-bit), times within ISO dates.
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-UNIX_MIN, UNIX_MAX = -62_135_596_800.0, 253_402_300_799.0
-"""Unix seconds of 0001-01-01 and of 9999-12-31T23:59:59 UTC: the instants an ISO date can name."""
-PolicySeconds = Annotated[float, Field(le=100 * 365 * 86400, allow_inf_nan=False)]
-"""A policy's limit in seconds (the use case refuses zero and below, with its own reason)."""
-NO_NUL = r"^[^\x00]*$"
-"""No name holds a NUL byte, and PostgreSQL refuses one in text: a lookup by it is refused, not a 500."""
-ShortText = Annotated[str, Field(max_length=63, pattern=NO_NUL)]
-
-
-class Wire(BaseModel):
-    """What a client sends: an unknown field is refused (a typo, or a field this server does not know)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class Reply(BaseModel):
-    """What the server answers: read tolerantly, so a client of this release keeps working against a newer server
-    that answers with more fields."""
-
-    model_config = ConfigDict(extra="ignore")
+from gpupool.models.wire import (
+    CODE_DIGEST,
+    Name,
+    PolicySeconds,
+    Reply,
+    SeenAllocState,
+    SeenState,
+    ShortText,
+    T,
+    Wire,
+    WorkloadType,
+)
 
 
 class QuotaIn(Wire):
@@ -150,24 +111,6 @@ class UsageReport(Reply):
     total: UsageLine
 
 
-class UserCreate(Wire):
-    name: Name
-    role: Role = "member"
-    projects: list[ShortText] = Field(default_factory=list, max_length=100)
-
-
-class UserPublic(Reply):
-    name: str
-    role: Role
-    projects: list[str]
-
-
-class UserCreated(UserPublic):
-    token: str
-    """Shown once; the server keeps only its hash."""
-
-
-CODE_DIGEST = r"^sha256:[0-9a-f]{64}$"
 CODE_DESCRIPTION = (
     "The code it runs in: `sha256:<hex>` of a code manifest its project uploaded (gpupool.client.code.upload); "
     "it starts in a private copy of that tree. None: an empty working directory."
@@ -337,24 +280,6 @@ class NodePublic(Reply):
     devices: list[DeviceUsage]
 
 
-class LoginRequest(Wire):
-    name: str = Field(max_length=63, pattern=NO_NUL)
-    password: str = Field(max_length=1024)
-
-
-class LoginResponse(Reply):
-    token: str
-    expires_at: float
-    name: str
-    role: CallerRole
-
-
-class PasswordSet(Wire):
-    password: str = Field(min_length=8, max_length=1024)
-    current: str | None = Field(None, max_length=1024)
-    """Your current password, when you change your own (and have one)."""
-
-
 class ShareLine(Reply):
     """A department's or project's standing in one pool, from the last scheduling cycle (GPUs)."""
 
@@ -376,124 +301,3 @@ class TimelinePoint(Reply):
     busy_gpus: float
     by_project: dict[str, list[float]]
     """project → [allocated, busy] GPUs over the minute."""
-
-
-class WhoAmI(Reply):
-    name: str
-    role: CallerRole
-    projects: list[str]
-    departments: list[str] = Field(default_factory=list)
-    """Departments the caller administers."""
-
-
-class Health(Reply):
-    """/healthz: the server process answers (liveness); it says nothing of the store."""
-
-    status: Literal["ok"]
-    version: str
-
-
-StoreState = Literal["ok", "unavailable", "unknown"]
-SchedulerState = Literal["ok", "standby", "starting", "failing", "stalled", "stopped"]
-
-
-class Readiness(Reply):
-    """/readyz: whether this server should be sent traffic, and which part holds it back. 200 when ready, 503
-    with the same body when not."""
-
-    status: Literal["ready", "not ready"]
-    store: StoreState
-    """unknown: the store is not watched (an app served without its lifespan)."""
-    scheduler: SchedulerState
-    """standby: another replica leads and this one serves the API (ready); starting: no cycle has completed
-    yet; failing: cycles have failed for a while; stalled: a cycle has run far too long; stopped: no loop."""
-
-
-class PoolUpdate(Wire):
-    """What an admin may set for a pool; a field left out keeps its value."""
-
-    share_across_projects: bool | None = Field(None, strict=True)
-    """Whether fractions of different projects may share one device of the pool. Their memory and compute
-    are not isolated from each other, so pools do not allow it unless an admin says so."""
-
-
-class PoolPublic(Reply):
-    name: str
-    nodes: int
-    """Nodes that name this pool now."""
-    gpus: int
-    share_across_projects: bool
-    updated_at: float | None
-    """When an admin last changed its settings; null while it has the defaults."""
-
-
-class SsoConfig(Reply):
-    """Whether this server offers single sign-on (the portal shows its button only then)."""
-
-    enabled: bool
-
-
-class DeviceStart(Reply):
-    """A device login under way: show `user_code` and open `verification_uri_complete` (or `verification_uri`
-    and type the code); poll `POST /api/v1/sso/device/{handle}` every `interval` seconds for `expires_in`."""
-
-    handle: str
-    user_code: str
-    verification_uri: str
-    verification_uri_complete: str | None
-    interval: int
-    expires_in: int
-
-
-class DevicePending(Reply):
-    """Not approved yet: poll again in `interval` seconds (more after the provider's slow_down)."""
-
-    status: Literal["pending", "slow_down"]
-    interval: int
-
-
-class CodeFile(Wire):
-    """One entry of a code manifest: a regular file (mode, size, sha256 and the chunks it is cut into) or a
-    symbolic link (`link`, a target inside the tree)."""
-
-    path: str = Field(min_length=1, max_length=4096)
-    mode: int = Field(0o644, ge=0, le=0o777)
-    size: int = Field(0, ge=0, le=2**40)
-    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
-    chunks: list[Annotated[str, Field(pattern=CODE_DIGEST)]] = Field(default_factory=list, max_length=2**20)
-    link: str | None = Field(None, min_length=1, max_length=4096)
-
-
-class CodeManifest(Wire):
-    """A code tree, sorted by path. Its digest is the SHA-256 of its canonical JSON (client/code.py writes it)."""
-
-    version: Literal[1] = 1
-    files: list[CodeFile] = Field(default_factory=list, max_length=100_000)
-
-    def canonical(self) -> bytes:
-        """The bytes its digest is taken of: sorted keys, no spaces, every field spelled out."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
-
-
-class CodeMissing(Wire):
-    project: Name
-    digests: list[Annotated[str, Field(pattern=CODE_DIGEST)]] = Field(default_factory=list, max_length=20_000)
-
-
-class CodeMissingReply(Reply):
-    missing: list[str]
-    """Those of the asked digests this project has not uploaded (their bytes must be sent)."""
-
-
-class CodeLimits(Reply):
-    max_bytes: int
-    """The largest code tree the server takes (its files' sizes summed)."""
-    chunk_bytes: int
-    """The largest blob: files are cut into chunks of this size."""
-
-
-class CodeStored(Reply):
-    code: str
-    """`sha256:<hex>`: what WorkloadCreate.code takes."""
-    files: int
-    size: int

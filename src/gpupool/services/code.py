@@ -21,7 +21,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.orm import Session
 
-from gpupool.models.schemas import CodeManifest, CodeStored
+from gpupool.models.code import CodeManifest, CodeStored
 from gpupool.services import audit
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError

@@ -8,17 +8,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.core import MILLI
-from gpupool.models.schemas import (
-    DepartmentCreate,
-    ProjectCreate,
-    QueuePublic,
-    QuotaIn,
-    QuotaPublic,
-    QuotaUpdate,
-    UserCreate,
-    UserCreated,
-    UserPublic,
-)
+from gpupool.models.accounts import UserCreate, UserCreated, UserPublic
+from gpupool.models.schemas import DepartmentCreate, ProjectCreate, QueuePublic, QuotaIn, QuotaPublic, QuotaUpdate
 from gpupool.services import audit
 from gpupool.services.auth import Principal, hash_token, new_token
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound

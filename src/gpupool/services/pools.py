@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpupool.models.schemas import PoolPublic, PoolUpdate
+from gpupool.models.system import PoolPublic, PoolUpdate
 from gpupool.services.auth import Principal
 from gpupool.services.errors import NotFound
 from gpupool.store.tables import NodeRow, PoolRow

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.models.schemas import UNIX_MAX, UNIX_MIN, UsageLine, UsageReport
+from gpupool.models.schemas import UsageLine, UsageReport
+from gpupool.models.wire import UNIX_MAX, UNIX_MIN
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid
 from gpupool.store.tables import QueueRow, UsageRow, UserRow, WorkloadRow

@@ -19,7 +19,8 @@ from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.phases import TERMINAL, Phase
 from gpupool.models.attempts import AttemptPublic, HistoryItem
-from gpupool.models.schemas import DNS_LABEL, INT32_MAX, Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
+from gpupool.models.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
+from gpupool.models.wire import DNS_LABEL, INT32_MAX
 from gpupool.services import audit, code, reasons, rightsizing
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound

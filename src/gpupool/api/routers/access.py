@@ -19,7 +19,8 @@ from gpupool.models.access import (
     TokenCreated,
     TokenPublic,
 )
-from gpupool.models.schemas import INT32_MAX, UNIX_MAX, UNIX_MIN, Name, QueuePublic
+from gpupool.models.schemas import QueuePublic
+from gpupool.models.wire import INT32_MAX, UNIX_MAX, UNIX_MIN, Name
 from gpupool.services import audit, members, secrets, tokens
 
 router = APIRouter(tags=["access"], responses=ERRORS)

@@ -13,7 +13,8 @@ from fastapi.security import HTTPAuthorizationCredentials
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, bearer, get_principal, plausible_token
 from gpupool.api.errors import ERRORS
-from gpupool.models.schemas import CODE_DIGEST, CodeLimits, CodeManifest, CodeMissing, CodeMissingReply, CodeStored
+from gpupool.models.code import CodeLimits, CodeManifest, CodeMissing, CodeMissingReply, CodeStored
+from gpupool.models.wire import CODE_DIGEST
 from gpupool.services import audit, code, workloads
 from gpupool.services.errors import Forbidden, NotFound
 from gpupool.settings import Settings

@@ -4,17 +4,8 @@ from fastapi import APIRouter, Depends, status
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
-from gpupool.models.schemas import (
-    DepartmentCreate,
-    PolicyPublic,
-    PolicyUpdate,
-    ProjectCreate,
-    QueuePublic,
-    QuotaUpdate,
-    UserCreate,
-    UserCreated,
-    UserPublic,
-)
+from gpupool.models.accounts import UserCreate, UserCreated, UserPublic
+from gpupool.models.schemas import DepartmentCreate, PolicyPublic, PolicyUpdate, ProjectCreate, QueuePublic, QuotaUpdate
 from gpupool.services import org, policies
 
 router = APIRouter(tags=["organisation"], responses=ERRORS)

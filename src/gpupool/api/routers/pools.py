@@ -4,7 +4,7 @@ from fastapi import APIRouter
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
 from gpupool.api.errors import ERRORS
-from gpupool.models.schemas import PoolPublic, PoolUpdate
+from gpupool.models.system import PoolPublic, PoolUpdate
 from gpupool.services import pools
 
 router = APIRouter(tags=["pools"], responses=ERRORS)

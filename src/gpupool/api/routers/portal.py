@@ -10,15 +10,9 @@ from fastapi.responses import JSONResponse
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
-from gpupool.models.schemas import (
-    UNIX_MAX,
-    UNIX_MIN,
-    LoginRequest,
-    LoginResponse,
-    PasswordSet,
-    ShareLine,
-    TimelinePoint,
-)
+from gpupool.models.accounts import LoginRequest, LoginResponse, PasswordSet
+from gpupool.models.schemas import ShareLine, TimelinePoint
+from gpupool.models.wire import UNIX_MAX, UNIX_MIN
 from gpupool.services import audit, insight, sessions
 from gpupool.services.apps import SESSION_COOKIE
 

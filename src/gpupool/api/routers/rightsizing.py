@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from gpupool.api.deps import CurrentUser, SessionDep
 from gpupool.api.errors import ERRORS
 from gpupool.models.rightsizing import RightsizingReport
-from gpupool.models.schemas import UNIX_MAX, UNIX_MIN
+from gpupool.models.wire import UNIX_MAX, UNIX_MIN
 from gpupool.services import rightsizing
 
 router = APIRouter(tags=["reports"], responses=ERRORS)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from gpupool.api.deps import Context, ContextDep, SessionDep, no_store
 from gpupool.api.errors import ERRORS
-from gpupool.models.schemas import DevicePending, DeviceStart, LoginResponse, SsoConfig
+from gpupool.models.accounts import DevicePending, DeviceStart, LoginResponse, SsoConfig
 from gpupool.services import audit
 from gpupool.services.apps import SESSION_COOKIE
 from gpupool.services.oidc import DeviceSlowDown, LoginRefused, ProviderError

@@ -14,7 +14,8 @@ from gpupool.api.errors import ERRORS
 from gpupool.api.metrics import render
 from gpupool.api.outage import StoreWatch
 from gpupool.control.loop import LoopHealth
-from gpupool.models.schemas import Health, Readiness, SchedulerState, StoreState, WhoAmI
+from gpupool.models.accounts import WhoAmI
+from gpupool.models.system import Health, Readiness, SchedulerState, StoreState
 from gpupool.services import tokens
 from gpupool.services.auth import Principal
 from gpupool.store.tables import QueueRow

@@ -11,18 +11,8 @@ from sqlalchemy.orm import Session
 from gpupool.api.deps import Context, ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
 from gpupool.models.attempts import ApplyResult
-from gpupool.models.schemas import (
-    INT32_MAX,
-    INT64_MAX,
-    UNIX_MAX,
-    UNIX_MIN,
-    Page,
-    UsageReport,
-    WorkloadCreate,
-    WorkloadDetail,
-    WorkloadPublic,
-    WorkloadState,
-)
+from gpupool.models.schemas import Page, UsageReport, WorkloadCreate, WorkloadDetail, WorkloadPublic
+from gpupool.models.wire import INT32_MAX, INT64_MAX, UNIX_MAX, UNIX_MIN, WorkloadState
 from gpupool.services import logs, reports, reruns, workloads
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gpupool.durable import fsync_dir
 from gpupool.failpoints import failpoint
-from gpupool.models.schemas import CodeManifest
+from gpupool.models.code import CodeManifest
 
 _FICLONE = 0x40049409
 """ioctl(2) FICLONE: share the blob's extents copy-on-write (btrfs, XFS); the job's writes never reach the blob."""
