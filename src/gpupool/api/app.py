@@ -24,13 +24,16 @@ from gpupool.api.routers import (
     apps,
     code,
     docs,
+    files,
     nodes,
     org,
     pools,
     portal,
     rightsizing,
+    shell,
     sso,
     system,
+    volumes,
     workloads,
 )
 from gpupool.portal import STATIC
@@ -114,7 +117,7 @@ def create_app(ctx: Context) -> FastAPI:
     app.mount("/docs-assets", StaticFiles(directory=docs.ASSETS), name="docs-assets")
     app.include_router(apps.router)
     for r in (org.router, access.router, workloads.router, nodes.router, pools.router, portal.router, sso.router,
-              rightsizing.router, code.router):  # fmt: skip
+              rightsizing.router, code.router, volumes.router, files.router, shell.router):  # fmt: skip
         app.include_router(r, prefix="/api/v1")
 
     # The portal: static files that hold no data; every figure they show comes from the API with the

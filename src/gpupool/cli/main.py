@@ -148,7 +148,7 @@ def policies() -> None:
 
 
 def _register() -> None:
-    from gpupool.cli import access, admin, attempts, config_cmd, policy, pools, submit, workloads
+    from gpupool.cli import access, admin, attempts, config_cmd, policy, pools, shell, submit, volumes, workloads
 
     app.command()(admin.login)
     app.command()(admin.whoami)
@@ -176,6 +176,8 @@ def _register() -> None:
     app.command()(workloads.resume)
     app.command("open")(workloads.open_)
     app.command()(workloads.nodes)
+    volumes.register(app)
+    shell.register(app)
 
 
 _register()
