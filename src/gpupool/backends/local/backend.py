@@ -173,6 +173,12 @@ class LocalBackend:
     def workdir(self, workload_id: int) -> Path:
         return self.data_dir / "workloads" / str(workload_id)
 
+    def wrapper_pid(self, alloc_id: str) -> int | None:
+        """A running member's wrapper (its processes descend from it); None where none is known to run here."""
+        with self._lock:
+            run = self._runs.get(alloc_id)
+        return None if run is None or run.ended else run.pid
+
     # -- launch, stop, observe -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> None:
         """Start the member once: a launch of an allocation already known (here, or on disk from before a
