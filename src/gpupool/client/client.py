@@ -216,11 +216,12 @@ class Client:
         return self._send(WorkloadPublic, "POST", "/api/v1/workloads", body, headers=headers)
 
     def list_workloads(
-        self, project: str | None = None, state: str | None = None, limit: int = 1000
+        self, project: str | None = None, state: str | None = None, limit: int = 1000, user: str | None = None
     ) -> list[WorkloadPublic]:
-        """Every page, newest first."""
+        """Every page, newest first; `user`: only those this user submitted."""
         out: list[WorkloadPublic] = []
-        params: dict[str, Any] = {k: v for k, v in {"project": project, "state": state, "limit": limit}.items() if v}
+        asked = {"project": project, "state": state, "limit": limit, "user": user}
+        params: dict[str, Any] = {k: v for k, v in asked.items() if v}
         while True:
             page = Page[WorkloadPublic].model_validate(self._call("GET", "/api/v1/workloads", params=params).json())
             out.extend(page.items)

@@ -66,6 +66,8 @@ def account(
             )  # fmt: skip
             session.add(usage)
         usage.milli_seconds += milli * dt
+        if usage.gpu_memory_mib is None or memory > usage.gpu_memory_mib:
+            usage.gpu_memory_mib = memory
         usage.busy_milli_seconds += milli * dt * util / 100
 
 

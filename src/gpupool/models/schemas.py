@@ -145,6 +145,9 @@ class WorkloadCreate(Wire):
         description="Stopped (with its grace period) once it has run this long; at most 30 days.",
     )
     pools: list[ShortText] = Field(default_factory=list, max_length=16)
+    gpu_models: list[ShortText] = Field(
+        default_factory=list, max_length=16, description="GPU models it accepts, as nodes name them; any where empty."
+    )
     code: str | None = Field(None, pattern=CODE_DIGEST, description=CODE_DESCRIPTION)
     retry: RetryPolicy | None = None
 
@@ -178,6 +181,8 @@ class WorkloadPublic(Reply):
     id: int
     name: str
     project: str
+    owner: str = ""
+    """The name of the user who submitted it."""
     type: WorkloadType
     priority: str
     preemptible: bool
@@ -226,6 +231,13 @@ class QueuePosition(Reply):
 
 class WorkloadDetail(WorkloadPublic):
     command: list[str]
+    cpu_milli: int = 0
+    """CPU per member, in millicores (0: none asked for)."""
+    memory_mib: int = 0
+    """Host memory per member (0: none asked for)."""
+    pools: list[str] = Field(default_factory=list)
+    gpu_models: list[str] = Field(default_factory=list)
+    image: str | None = None
     env: dict[str, str]
     port: int | None
     grace_s: float

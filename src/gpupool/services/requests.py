@@ -130,15 +130,22 @@ def check_fits(
     preemptible: bool,
     nodes: Sequence[NodeRow],
     chain: Sequence[QueueRow],
+    gpu_models: Sequence[str] = (),
 ) -> None:
-    """Refuse at submit what could never run: unknown pools, bigger than any node, over a hard limit, or not
-    preemptible and beyond what the project (or a department above it) is guaranteed."""
+    """Refuse at submit what could never run: unknown pools or GPU models, bigger than any node, over a hard
+    limit, or not preemptible and beyond what the project (or a department above it) is guaranteed."""
     known = sorted({n.pool for n in nodes})
     for pool in pools:
         if pool not in known:
             raise Invalid(f"unknown pool {pool!r}; pools: {', '.join(known) or 'none yet'}")
-    groups = node_groups(states_of(core_node(n) for n in nodes), pools, workers > 1, ANY_MODEL)
-    if not ever_fits(groups, req, workers, ANY_MODEL):
+    states = states_of(core_node(n) for n in nodes)
+    models = frozenset(gpu_models)
+    have = sorted({m for s in states for m in s.models})
+    for model in gpu_models:
+        if model not in have:
+            raise Invalid(f"no node has GPU model {model!r}; models: {', '.join(have) or 'none yet'}")
+    groups = node_groups(states, pools, workers > 1, models)
+    if not ever_fits(groups, req, workers, models):
         raise Invalid(f"this can never run: {_never(req, workers, groups)}")
     total = req.nominal_milli() * workers
     if not total:

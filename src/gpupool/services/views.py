@@ -41,7 +41,7 @@ def live(row: WorkloadRow) -> list[AllocationRow]:
 _BASES = frozenset({"declared", "history", "none"})
 
 
-def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
+def workload_public(row: WorkloadRow, project: str, owner: str = "") -> WorkloadPublic:
     allocs = live(row)
     waiting = row.state in QUEUED and not row.hold
     args, detail = reasons.of_row(row)
@@ -53,6 +53,7 @@ def workload_public(row: WorkloadRow, project: str) -> WorkloadPublic:
         id=row.id,
         name=row.name,
         project=project,
+        owner=owner,
         type=row.type,
         priority=row.priority_class,
         preemptible=row.preemptible,
@@ -91,8 +92,9 @@ def workload_detail(
     isolation: dict[str, str],
     position: QueuePosition | None = None,
     rightsizing: RightsizingAdvice | None = None,
+    owner: str = "",
 ) -> WorkloadDetail:
-    base = workload_public(row, project).model_dump()
+    base = workload_public(row, project, owner).model_dump()
     allocs = live(row)
     url = None
     if row.type in ("notebook", "inference") and row.state not in TERMINAL:
@@ -105,6 +107,11 @@ def workload_detail(
     return WorkloadDetail(
         **base,
         command=list(row.command),
+        cpu_milli=row.cpu_milli,
+        memory_mib=row.memory_mib,
+        pools=list(row.pools),
+        gpu_models=list(row.gpu_models or ()),
+        image=row.image,
         env=dict(row.env),
         port=row.port,
         grace_s=row.grace_s,

@@ -28,7 +28,7 @@ from gpupool.services.org import queue_named
 from gpupool.services.requests import check_fits, check_text, priority_of, to_request
 from gpupool.services.views import workload_detail, workload_public
 from gpupool.store import changes
-from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
+from gpupool.store.tables import EventRow, NodeRow, QueueRow, UserRow, WorkloadRow
 
 _ID = re.compile(r"^[0-9]{1,10}$", re.ASCII)  # ids are the store's 32-bit Integer; \d alone takes "١٢٣"
 _NAME = re.compile(DNS_LABEL)
@@ -85,7 +85,7 @@ def submit(
     preemptible = klass.preemptible if body.preemptible is None else body.preemptible
     code.check_submitted(session, project.id, project.name, body.code)
     nodes = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
-    check_fits(request, body.workers, body.pools, preemptible, nodes, chains(queues)[project.id])
+    check_fits(request, body.workers, body.pools, preemptible, nodes, chains(queues)[project.id], body.gpu_models)
     name = body.name or f"{body.type}-{secrets.token_hex(3)}"
     now = time.time()
     row = WorkloadRow(
@@ -105,6 +105,7 @@ def submit(
         memory_mib=request.memory_mib,
         workers=body.workers,
         pools=list(body.pools),
+        gpu_models=list(body.gpu_models),
         command=list(body.command),
         image=body.image,
         code=body.code,
@@ -144,7 +145,7 @@ def submit(
         raise Conflict(f"project {body.project!r} already has a workload named {name!r}") from None
     session.add(lifecycle.submitted(row, who.name, now))
     session.commit()
-    return workload_public(row, body.project), True
+    return workload_public(row, body.project, who.name), True
 
 
 def spec_of(body: WorkloadCreate) -> dict[str, Any]:
@@ -159,7 +160,7 @@ def spec_hash(spec: dict[str, Any]) -> str:
 
 def _replay(session: Session, prior: WorkloadRow) -> WorkloadPublic:
     # Named by the project it is in: a replay may name another project (or a typo of it).
-    return workload_public(prior, _project_names(session).get(prior.project_id, "?"))
+    return workload_public(prior, _project_names(session).get(prior.project_id, "?"), _owners(session, [prior])[0])
 
 
 def find(session: Session, who: Principal, ref: str, project: str | None = None) -> WorkloadRow:
@@ -198,12 +199,21 @@ def _project_names(session: Session) -> dict[int, str]:
     return {q.id: q.name for q in session.scalars(select(QueueRow).where(QueueRow.kind == "project"))}
 
 
+def _owners(session: Session, rows: Sequence[WorkloadRow]) -> list[str]:
+    """The names of the users who submitted these workloads, in their order (one query)."""
+    ids = sorted({r.owner_id for r in rows})
+    found = session.execute(select(UserRow.id, UserRow.name).where(UserRow.id.in_(ids)))
+    names: dict[int, str] = {i: n for i, n in found}
+    return [names.get(r.owner_id, "?") for r in rows]
+
+
 def list_workloads(
     session: Session,
     who: Principal,
     *,
     project: str | None = None,
     state: str | None = None,
+    user: str | None = None,
     limit: int = 100,
     cursor: str | None = None,
     after: int | None = None,
@@ -230,6 +240,11 @@ def list_workloads(
         query = query.where(WorkloadRow.project_id.in_(sorted(who.project_ids)))
     if state is not None:
         query = query.where(WorkloadRow.state == state)
+    if user is not None:
+        # An unknown name lists nothing, as a known one with no workloads here does: which names exist in other
+        # tenants is not the caller's to learn.
+        owner = session.scalar(select(UserRow.id).where(UserRow.name == user))
+        query = query.where(WorkloadRow.owner_id == (owner if owner is not None else -1))
     if cursor is not None:
         before = _id_or_none(cursor)
         if before is None:
@@ -240,7 +255,8 @@ def list_workloads(
     rows = list(session.scalars(query))
     more = len(rows) > limit
     rows = rows[:limit]
-    items = [workload_public(r, names.get(r.project_id, "?")) for r in rows]
+    owners = _owners(session, rows)
+    items = [workload_public(r, names.get(r.project_id, "?"), o) for r, o in zip(rows, owners, strict=True)]
     return Page[WorkloadPublic](items=items, next_cursor=str(rows[-1].id) if more and rows else None)
 
 
@@ -256,6 +272,7 @@ def describe(
     detail = workload_detail(
         row, project_name, events, policy, public_url=public_url, isolation=isolation,
         position=reasons.position(session, row), rightsizing=rightsizing.advice_for(session, row),
+        owner=_owners(session, [row])[0],
     )  # fmt: skip
     detail = detail.model_copy(update={"attempts": attempts_of(row), "history": history_of(session, row)})
     if row.code is None:
@@ -337,5 +354,5 @@ def _write(
                 session.rollback()
                 continue
         session.commit()
-        return workload_public(row, _project_names(session).get(row.project_id, "?"))
+        return workload_public(row, _project_names(session).get(row.project_id, "?"), _owners(session, [row])[0])
     raise Conflict(f"{ref!r} kept changing while this request was made; try again")

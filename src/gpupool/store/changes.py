@@ -38,7 +38,7 @@ QUEUED_COLUMNS = (
     WorkloadRow.id, WorkloadRow.version, WorkloadRow.name, WorkloadRow.project_id, WorkloadRow.state,
     WorkloadRow.hold, WorkloadRow.stop_reason, WorkloadRow.gpus, WorkloadRow.gpu_milli, WorkloadRow.gpu_memory_mib,
     WorkloadRow.cpu_milli, WorkloadRow.memory_mib, WorkloadRow.priority, WorkloadRow.priority_class,
-    WorkloadRow.preemptible, WorkloadRow.min_runtime_s, WorkloadRow.workers, WorkloadRow.pools,
+    WorkloadRow.preemptible, WorkloadRow.min_runtime_s, WorkloadRow.workers, WorkloadRow.pools, WorkloadRow.gpu_models,
     WorkloadRow.queued_at, WorkloadRow.started_at, WorkloadRow.nominated, WorkloadRow.reason_event,
     WorkloadRow.reason_code, WorkloadRow.reason_args,
 )  # fmt: skip

@@ -91,6 +91,7 @@ def core_workload(row: WorkloadRow | Row[Any], project: str) -> Workload:
         min_runtime_s=row.min_runtime_s,
         gang_size=row.workers,
         pools=tuple(row.pools),
+        gpu_models=tuple(row.gpu_models or ()),
         submit_time=row.queued_at,
         state=state,
         placements=placements,

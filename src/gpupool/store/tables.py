@@ -178,6 +178,7 @@ class WorkloadRow(Base):
         # Lists page by id within a project or a state (keyset pagination).
         Index("ix_workloads_project_id_id", "project_id", "id"),
         Index("ix_workloads_state_id", "state", "id"),
+        Index("ix_workloads_owner_id", "owner_id", "id"),
         # A queued workload's place in its project's queue is counted from this index alone (describe).
         Index("ix_workloads_queue_order", "project_id", "state", "hold", "priority", "queued_at", "id"),
     )
@@ -208,6 +209,8 @@ class WorkloadRow(Base):
     memory_mib: Mapped[int] = mapped_column(BigInteger, default=0)
     workers: Mapped[int] = mapped_column(Integer, default=1)
     pools: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    gpu_models: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    """GPU models it accepts (any where empty), as nodes name them."""
     command: Mapped[list[Any]] = mapped_column(JSON, default=list)
     image: Mapped[str | None] = mapped_column(String(512), nullable=True)
     """Container image, for backends that run containers (kubernetes); the local backend runs on the host."""
@@ -339,6 +342,8 @@ class UsageRow(Base):
     pool: Mapped[str] = mapped_column(String(63))
     milli_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     busy_milli_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_memory_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The most GPU memory its members used together in a sample of that minute; None before one was taken."""
 
 
 class next_version(FunctionElement[int]):

@@ -34,10 +34,11 @@ async def test_a_submitted_workload_is_pending_with_what_it_asked_for(http: http
     # Why it waits (reason, its codes) is the lifecycle's to word; these fields are the submission's.
     stable = {k: out[k] for k in out if k not in ("id", "created_at") and not k.startswith("reason")}
     assert (r.status_code, stable) == (201, {
-        "name": name, "project": proj, "type": "training", "priority": "training", "preemptible": True,
-        "state": "pending", "node": None, "devices": [], "gpu_request": "2 × 2 GPUs", "gpus": 2, "gpu_milli": 0,
-        "gpu_memory_mib": 0, "workers": 2, "attempt": 0, "exit_code": None, "gpu_util_pct": None,
-        "max_duration_s": None, "eta": None, "eta_basis": None, "started_at": None, "finished_at": None,
+        "name": name, "project": proj, "owner": "admin", "type": "training", "priority": "training",
+        "preemptible": True, "state": "pending", "node": None, "devices": [], "gpu_request": "2 × 2 GPUs",
+        "gpus": 2, "gpu_milli": 0, "gpu_memory_mib": 0, "workers": 2, "attempt": 0, "exit_code": None,
+        "gpu_util_pct": None, "max_duration_s": None, "eta": None, "eta_basis": None, "started_at": None,
+        "finished_at": None,
     })  # fmt: skip
 
 

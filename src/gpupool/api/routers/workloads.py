@@ -12,7 +12,7 @@ from gpupool.api.deps import Context, ContextDep, CurrentUser, SessionDep, no_st
 from gpupool.api.errors import ERRORS
 from gpupool.models.attempts import ApplyResult
 from gpupool.models.schemas import Page, UsageReport, WorkloadCreate, WorkloadDetail, WorkloadPublic
-from gpupool.models.wire import INT32_MAX, INT64_MAX, UNIX_MAX, UNIX_MIN, WorkloadState
+from gpupool.models.wire import INT32_MAX, INT64_MAX, NO_NUL, UNIX_MAX, UNIX_MIN, WorkloadState
 from gpupool.services import logs, reports, reruns, workloads
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid
@@ -55,11 +55,14 @@ def list_workloads(
     who: CurrentUser,
     project: ProjectQ = None,
     state: WorkloadState | None = None,
+    user: Annotated[str | None, Query(max_length=63, pattern=NO_NUL, description="Submitted by this user")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=32, description="Newest first, before this id")] = None,
     after: Annotated[int | None, Query(ge=0, le=INT32_MAX, description="Oldest first, after this id")] = None,
 ) -> Page[WorkloadPublic]:
-    return workloads.list_workloads(session, who, project=project, state=state, limit=limit, cursor=cursor, after=after)
+    return workloads.list_workloads(
+        session, who, project=project, state=state, user=user, limit=limit, cursor=cursor, after=after
+    )
 
 
 @router.get("/workloads/{ref}", response_model=WorkloadDetail, dependencies=[Depends(no_store)])
