@@ -123,7 +123,7 @@ def test_the_portal_signs_alice_in_through_dex_and_refuses_an_unmapped_user(site
             assert token.startswith("gps_")
             assert _whoami(s, token)["projects"] == ["vision"]
             cookies = {c["name"]: c for c in page.context.cookies()}
-            assert cookies["gpupool_session"]["path"] == "/apps/" and cookies["gpupool_session"]["httpOnly"]
+            assert cookies["gpupool_session"]["path"] == "/" and cookies["gpupool_session"]["httpOnly"]
             assert "gpupool_sso_session" not in cookies and "gpupool_sso_login" not in cookies
 
             other = b.new_context(viewport={"width": 1280, "height": 900}).new_page()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hmac
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -13,8 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.backends.base import Backend
 from gpupool.control.controller import Controller
+from gpupool.services.apps import SESSION_COOKIE
 from gpupool.services.auth import Principal, PrincipalCache
-from gpupool.services.sessions import LoginLimiter
+from gpupool.services.sessions import CSRF_COOKIE, CSRF_HEADER, LoginLimiter, csrf_token
 from gpupool.services.sso import Sso
 from gpupool.settings import Settings
 
@@ -61,21 +64,52 @@ def plausible_token(token: str) -> bool:
     return 0 < len(token) <= MAX_TOKEN and token.isascii() and token.isprintable() and " " not in token
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 async def get_principal(
     request: Request,
     ctx: Annotated[Context, Depends(get_context)],
     session: Annotated[Session, Depends(get_session)],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
+    """The caller, from its bearer token, or else from the portal's session cookie. A request that rests on the
+    cookie and changes something must echo the CSRF cookie in the X-CSRF-Token header (double submit): another
+    site can make a browser send the cookie, never read it. Bearer clients (the CLI, scripts) never need it."""
+    token = creds.credentials if creds is not None else request.cookies.get(SESSION_COOKIE)
     who = None
-    if creds is not None and plausible_token(creds.credentials):
-        who = ctx.principals.peek(creds.credentials)
+    if token is not None and plausible_token(token):
+        who = ctx.principals.peek(token)
         if who is None:
-            who = await run_in_threadpool(ctx.principals.get, session, creds.credentials)
+            who = await run_in_threadpool(ctx.principals.get, session, token)
     if who is None:
         raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+    if creds is None and token is not None and request.method not in SAFE_METHODS:
+        sent, kept = request.headers.get(CSRF_HEADER, ""), request.cookies.get(CSRF_COOKIE, "")
+        want = csrf_token(token)
+        if not (
+            hmac.compare_digest(sent.encode(), want.encode()) and hmac.compare_digest(kept.encode(), want.encode())
+        ):
+            raise HTTPException(
+                403,
+                f"a request signed in by cookie must send the {CSRF_COOKIE} cookie's value in an {CSRF_HEADER} header",
+            )
     request.state.principal = who  # for the audit trail
     return who
+
+
+def set_session_cookies(response: Response, request: Request, token: str, expires_at: float) -> None:
+    """The browser's session: the token in an HttpOnly cookie (the API, the portal and /apps/ read it; no page
+    script can), and its CSRF token in a cookie the portal's script reads and echoes. Secure over HTTPS."""
+    age, secure = max(0, int(expires_at - time.time())), request.url.scheme == "https"
+    response.set_cookie(SESSION_COOKIE, token, max_age=age, path="/", httponly=True, samesite="lax", secure=secure)
+    response.set_cookie(CSRF_COOKIE, csrf_token(token), max_age=age, path="/", samesite="strict", secure=secure)
+
+
+def clear_session_cookies(response: Response) -> None:
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    response.delete_cookie(SESSION_COOKIE, path="/apps/")  # where servers before this one kept it
+    response.delete_cookie(CSRF_COOKIE, path="/")
 
 
 async def no_store(response: Response) -> None:

@@ -36,6 +36,14 @@ from gpupool.store.tables import TokenRow, UserRow
 SESSION_TTL_S = 12 * 3600
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 _DUMMY = "scrypt$" + "00" * 16 + "$" + "00" * 32
+SESSION_PREFIX = "gps_"
+CSRF_COOKIE, CSRF_HEADER = "gpupool_csrf", "X-CSRF-Token"
+
+
+def csrf_token(token: str) -> str:
+    """The CSRF token of a browser session: derived from its session token (one way), so the server keeps no
+    state for it and a cookie planted by a neighbouring host cannot match a session it does not know."""
+    return hashlib.sha256(b"gpupool-csrf\0" + token.encode()).hexdigest()[:40]
 
 
 class Unauthorized(ServiceError):
@@ -114,7 +122,7 @@ class LoginLimiter:
 
 
 def open_session(session: Session, user: UserRow, now: float) -> tuple[str, TokenRow]:
-    token = new_token("gps_")
+    token = new_token(SESSION_PREFIX)
     row = TokenRow(
         user_id=user.id, kind="session", name="portal", token_hash=hash_token(token), created_at=now,
         expires_at=now + SESSION_TTL_S,

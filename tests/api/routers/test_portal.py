@@ -10,6 +10,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from gpupool.store.tables import UsageRow
 from tests.api.inprocess import Api
 from tests.api.routers.factories import Factory, Person, client
 
@@ -17,13 +18,13 @@ pytestmark = pytest.mark.anyio
 PASSWORD = "a long enough password"
 
 
-async def with_password(make: Factory) -> Person:
-    person = await make.user()
+async def with_password(make: Factory, *projects: str) -> Person:
+    person = await make.user(*projects)
     await make.ok("PUT", f"/api/v1/users/{person.name}/password", {"password": PASSWORD})
     return person
 
 
-async def test_signing_in_opens_a_session_and_a_cookie_for_the_apps(http: httpx.AsyncClient, make: Factory) -> None:
+async def test_signing_in_opens_a_session_and_its_cookies(http: httpx.AsyncClient, make: Factory) -> None:
     person = await with_password(make)
     r = await http.post("/api/v1/login", json={"name": person.name, "password": PASSWORD})
     out = r.json()
@@ -31,11 +32,16 @@ async def test_signing_in_opens_a_session_and_a_cookie_for_the_apps(http: httpx.
         200, "no-store", person.name, "member", "gps_",
     )  # fmt: skip
     assert out["expires_at"] == pytest.approx(time.time() + 12 * 3600, abs=60)
-    cookie = r.headers["set-cookie"]
-    assert cookie.startswith(f"gpupool_session={out['token']}; ")
-    attributes = {a.strip().split("=")[0].lower() for a in cookie.split(";")[1:]}
+    session_cookie, csrf_cookie = r.headers.get_list("set-cookie")
+    assert session_cookie.startswith(f"gpupool_session={out['token']}; ")
+    attributes = {a.strip().split("=")[0].lower() for a in session_cookie.split(";")[1:]}
     assert attributes == {"httponly", "max-age", "path", "samesite"}  # no Secure over plain HTTP
-    assert "Path=/apps/" in cookie and "SameSite=lax" in cookie
+    assert "Path=/;" in session_cookie and "SameSite=lax" in session_cookie
+    assert (
+        csrf_cookie.startswith(f"gpupool_csrf={r.cookies['gpupool_csrf']}; ") and len(r.cookies["gpupool_csrf"]) == 40
+    )
+    attributes = {a.strip().split("=")[0].lower() for a in csrf_cookie.split(";")[1:]}
+    assert attributes == {"max-age", "path", "samesite"}  # the portal's script reads it
     session = {"Authorization": f"Bearer {out['token']}"}
     assert (await http.get("/api/v1/whoami", headers=session)).json()["name"] == person.name
 
@@ -59,8 +65,10 @@ async def test_signing_out_ends_the_session_and_clears_the_cookie(http: httpx.As
     session = {"Authorization": f"Bearer {token}"}
     r = await http.post("/api/v1/logout", headers=session)
     assert (r.status_code, r.content) == (204, b"")
-    assert r.headers["set-cookie"].startswith('gpupool_session=""; ')
-    assert "Max-Age=0" in r.headers["set-cookie"] and "Path=/apps/" in r.headers["set-cookie"]
+    cleared = [
+        (c.split("=")[0], "Max-Age=0" in c, c.split("Path=")[1].split(";")[0]) for c in r.headers.get_list("set-cookie")
+    ]
+    assert cleared == [("gpupool_session", True, "/"), ("gpupool_session", True, "/apps/"), ("gpupool_csrf", True, "/")]
     assert (await http.get("/api/v1/whoami", headers=session)).status_code == 401
     assert (await http.get("/api/v1/whoami", headers=person.auth)).status_code == 200  # its token lives on
 
@@ -141,3 +149,83 @@ async def test_a_timeline_spans_a_positive_period_of_at_most_31_days(
 ) -> None:
     r = await http.get("/api/v1/reports/timeline", params=period, headers=make.admin.auth)
     assert (r.status_code, r.json()) == (422, {"detail": "the period must be positive and at most 31 days"})
+
+
+async def sign_in(browser: httpx.AsyncClient, make: Factory, *projects: str) -> tuple[str, Person]:
+    """Sign `browser` in with a password: it holds the cookies a sign-in sets, as a browser does, and no token."""
+    person = await with_password(make, *projects)
+    r = await browser.post("/api/v1/login", json={"name": person.name, "password": PASSWORD})
+    assert r.status_code == 200
+    return r.cookies["gpupool_csrf"], person
+
+
+async def test_the_session_cookie_signs_in_and_a_change_needs_the_csrf_header(api: Api, make: Factory) -> None:
+    proj = await make.project()
+    async with client(api) as browser:
+        csrf, person = await sign_in(browser, make, proj)
+        assert (await browser.get("/api/v1/whoami")).json()["name"] == person.name  # a read needs no header
+        body = {"project": proj, "name": "nb", "type": "notebook", "gpu": 0.25}
+        r = await browser.post("/api/v1/workloads", json=body)
+        why = "a request signed in by cookie must send the gpupool_csrf cookie's value in an X-CSRF-Token header"
+        assert (r.status_code, r.json()) == (403, {"detail": why})
+        r = await browser.post("/api/v1/workloads", json=body, headers={"X-CSRF-Token": "0" * 40})
+        assert r.status_code == 403
+        r = await browser.post("/api/v1/workloads", json=body, headers={"X-CSRF-Token": csrf})
+        assert (r.status_code, r.json()["name"]) == (201, "nb")
+
+
+async def test_a_csrf_cookie_planted_without_the_session_does_not_pass(api: Api, make: Factory) -> None:
+    async with client(api) as browser:
+        csrf, _ = await sign_in(browser, make)
+        browser.cookies.set("gpupool_csrf", "f" * 40, domain="testserver.local")
+        r = await browser.post("/api/v1/logout", headers={"X-CSRF-Token": "f" * 40})
+        assert r.status_code == 403
+        browser.cookies.set("gpupool_csrf", csrf, domain="testserver.local")
+        assert (await browser.post("/api/v1/logout", headers={"X-CSRF-Token": csrf})).status_code == 204
+        assert browser.cookies.get("gpupool_session") is None
+        assert (await browser.get("/api/v1/whoami")).status_code == 401
+
+
+async def test_a_bearer_token_needs_no_csrf_header(api: Api, http: httpx.AsyncClient, make: Factory) -> None:
+    proj = await make.project()
+    body = {"project": proj, "type": "notebook", "gpu": 0.25}
+    async with client(api) as browser:  # a cookie beside a bearer token changes nothing: the token signs it in
+        _, person = await sign_in(browser, make, proj)
+        r = await browser.post("/api/v1/workloads", json={**body, "name": "a"}, headers=person.auth)
+        assert r.status_code == 201
+    assert (await http.post("/api/v1/workloads", json={**body, "name": "b"}, headers=person.auth)).status_code == 201
+
+
+async def test_a_token_becomes_the_browsers_session_and_signing_out_keeps_it(api: Api, make: Factory) -> None:
+    person = await make.user()
+    token = person.auth["Authorization"].removeprefix("Bearer ")
+    async with client(api) as browser:
+        r = await browser.post("/api/v1/session", headers=person.auth)
+        assert (r.status_code, r.json()["name"], browser.cookies["gpupool_session"]) == (200, person.name, token)
+        csrf = browser.cookies["gpupool_csrf"]
+        assert (await browser.post("/api/v1/logout", headers={"X-CSRF-Token": csrf})).status_code == 204
+        assert (await browser.get("/api/v1/whoami")).status_code == 401
+    async with client(api) as cli:  # an API token signed out of a browser is not revoked
+        assert (await cli.get("/api/v1/whoami", headers=person.auth)).status_code == 200
+
+
+async def test_a_workloads_metrics_are_its_usage_minutes(api: Api, http: httpx.AsyncClient, make: Factory) -> None:
+    proj = await make.project()
+    job = await make.workload(proj, gpus=0)
+    minute = int(time.time() // 60) - 5
+    with api.ctx.sessions() as s:  # what the meter writes for a workload on half a GPU, busy 40% then 90%
+        s.add_all([
+            UsageRow(workload_id=job["id"], minute=minute, pool="default", milli_seconds=30_000,
+                     busy_milli_seconds=12_000, gpu_memory_mib=2048),
+            UsageRow(workload_id=job["id"], minute=minute + 1, pool="default", milli_seconds=30_000,
+                     busy_milli_seconds=27_000, gpu_memory_mib=None),
+        ])  # fmt: skip
+        s.commit()
+    r = await http.get(f"/api/v1/workloads/{job['name']}/metrics", params={"project": proj}, headers=make.admin.auth)
+    assert (r.status_code, r.json()["points"]) == (200, [
+        {"at": minute * 60.0, "gpus": 0.5, "gpu_util_pct": 40.0, "gpu_memory_mib": 2048},
+        {"at": minute * 60.0 + 60, "gpus": 0.5, "gpu_util_pct": 90.0, "gpu_memory_mib": None},
+    ])  # fmt: skip
+    r = await http.get(f"/api/v1/workloads/{job['name']}/metrics", params={"project": proj, "start": 10, "end": 5},
+                       headers=make.admin.auth)  # fmt: skip
+    assert (r.status_code, r.json()) == (422, {"detail": "the period is empty: 'end' must be after 'start'"})

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Cookie, Depends, Path, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from gpupool.api.deps import Context, ContextDep, SessionDep, no_store
+from gpupool.api.deps import Context, ContextDep, SessionDep, no_store, set_session_cookies
 from gpupool.api.errors import ERRORS
 from gpupool.models.accounts import DevicePending, DeviceStart, LoginResponse, SsoConfig
 from gpupool.services import audit
-from gpupool.services.apps import SESSION_COOKIE
 from gpupool.services.oidc import DeviceSlowDown, LoginRefused, ProviderError
 from gpupool.services.sso import Refused, Sso, seal, sign_in, unseal
 
@@ -136,7 +134,7 @@ def sso_callback(
     answer = RedirectResponse("/#/sso", 303)
     answer.headers["Cache-Control"] = "no-store"
     answer.delete_cookie(LOGIN_COOKIE, path=COOKIE_PATH)
-    _cookie(answer, request, SESSION_COOKIE, token, max(0, int(expiry - time.time())), "/apps/")
+    set_session_cookies(answer, request, token, expiry)
     handoff = seal(sso.key, "sso-handoff", {"token": token, "expires_at": expiry}, HANDOFF_TTL_S)
     _cookie(answer, request, HANDOFF_COOKIE, handoff, HANDOFF_TTL_S, COOKIE_PATH)
     return answer
