@@ -18,6 +18,20 @@ class DeviceGrant:
 
 
 @dataclass(frozen=True, slots=True)
+class VolumeSpec:
+    """A project volume a member mounts: its storage is made at its first mount (idempotently) and kept until the
+    volume is deleted."""
+
+    volume_id: int
+    project: str
+    name: str
+    path: str
+    """Where the member sees it: absolute."""
+    size_bytes: int
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """One member of one attempt of a workload. `alloc_id` keys the launch: launching it twice starts it once."""
 
@@ -46,6 +60,7 @@ class LaunchSpec:
     secrets: dict[str, str] = field(default_factory=dict)
     """The project's secrets, as environment variables under `env` (which wins on a clash). Apart from `env` so a
     backend can keep them out of what others read (a Kubernetes Secret rather than the pod spec)."""
+    volumes: tuple[VolumeSpec, ...] = ()
     pod_security: str = "restricted"
     """How tightly a pod is confined (kubernetes): "restricted" (a non-root identity of its project's, no
     capabilities) or "baseline" (the image's own user; no privilege escalation). An admin's per-project choice."""

@@ -19,7 +19,7 @@ from prometheus_client import Histogram
 from sqlalchemy import inspect, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpupool.backends.base import Backend, LaunchSpec, Sample
+from gpupool.backends.base import Backend, LaunchSpec, Sample, VolumeSpec
 from gpupool.control.apply import act, persist, sequential
 from gpupool.control.estimates import Estimates
 from gpupool.control.loop import SchedulerLoop
@@ -33,12 +33,13 @@ from gpupool.core.placement.memo import Memo
 from gpupool.failpoints import failpoint
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.events import EventCode
-from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, AllocPhase
+from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, LIVE, AllocPhase
 from gpupool.logs import current_cycle, cycle_context
+from gpupool.models.volumes import VolumeMount
 from gpupool.store import changes
 from gpupool.store.secrets import project_environment as secret_environment
 from gpupool.store.snapshot import build_snapshot
-from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
+from gpupool.store.tables import EventRow, NodeRow, QueueRow, VolumeRow, WorkloadRow
 
 try:  # traces are optional: without the API package there are none, and without an SDK its tracer is a no-op
     from opentelemetry import trace as otel_trace
@@ -304,8 +305,13 @@ class Controller:
 
         levels = {q.id: q.pod_security for q in queues}
         acting = [r for wid, r in sorted(by_id.items()) if wid not in lost]
+        mounts = volume_specs(s, acting, projects)
+
+        def launcher(launch: Callable[[LaunchSpec], None], specs: list[LaunchSpec]) -> list[BaseException | None]:
+            return self._launch_all(launch, [replace(x, volumes=mounts.get(x.workload_id, ())) for x in specs])
+
         with self._step("act"):
-            events, busy = act(acting, projects, nodes, self.backend, now, self._launch_all, project_secrets, levels)
+            events, busy = act(acting, projects, nodes, self.backend, now, launcher, project_secrets, levels)
             s.add_all(events)
         failpoint("cycle.before-events")
         with self._step("commit_events"):
@@ -385,6 +391,29 @@ def _unwrite(s: Session, row: WorkloadRow) -> None:
         if isinstance(obj, EventRow) and obj.workload_id == row.id:
             s.expunge(obj)
     s.refresh(row, [c.key for c in WorkloadRow.__mapper__.column_attrs])
+
+
+def volume_specs(
+    s: Session, rows: Iterable[WorkloadRow], projects: Mapping[int, str]
+) -> dict[int, tuple[VolumeSpec, ...]]:
+    """The volumes each live workload mounts, as its launches carry them (read only for those that mount any)."""
+    wanted = {r.id: r for r in rows if r.state in LIVE and (r.spec or {}).get("volumes")}
+    if not wanted:
+        return {}
+    project_ids = {r.project_id for r in wanted.values()}
+    found = {
+        (v.project_id, v.name): v for v in s.scalars(select(VolumeRow).where(VolumeRow.project_id.in_(project_ids)))
+    }
+    out: dict[int, tuple[VolumeSpec, ...]] = {}
+    for wid, row in wanted.items():
+        specs = []
+        for raw in (row.spec or {}).get("volumes") or []:
+            m = VolumeMount.model_validate(raw)
+            v = found.get((row.project_id, m.name))
+            if v is not None:  # deleted since (refused while it is mounted): its launch goes without
+                specs.append(VolumeSpec(v.id, projects[row.project_id], v.name, m.path, v.size_bytes, m.read_only))
+        out[wid] = tuple(specs)
+    return out
 
 
 def log_outcome(events: Iterable[EventRow], rows: Mapping[int, WorkloadRow], projects: Mapping[int, str]) -> None:

@@ -13,6 +13,7 @@ from pydantic import Field, JsonValue
 
 from gpupool.models.attempts import AttemptPublic, HistoryItem, RetryPolicy
 from gpupool.models.rightsizing import RightsizingAdvice
+from gpupool.models.volumes import VolumeMount
 from gpupool.models.wire import (
     CODE_DIGEST,
     Name,
@@ -150,6 +151,8 @@ class WorkloadCreate(Wire):
     )
     code: str | None = Field(None, pattern=CODE_DIGEST, description=CODE_DESCRIPTION)
     retry: RetryPolicy | None = None
+    volumes: list[VolumeMount] = Field(default_factory=list, max_length=16)
+    """The project's volumes it mounts, each at its own absolute path."""
 
 
 class DevicePublic(Reply):

@@ -21,7 +21,7 @@ from gpupool.lifecycle.phases import TERMINAL, Phase
 from gpupool.models.attempts import AttemptPublic, HistoryItem
 from gpupool.models.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.models.wire import DNS_LABEL, INT32_MAX
-from gpupool.services import audit, code, reasons, rightsizing
+from gpupool.services import audit, code, reasons, rightsizing, volumes
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_named
@@ -84,6 +84,7 @@ def submit(
         )
     preemptible = klass.preemptible if body.preemptible is None else body.preemptible
     code.check_submitted(session, project.id, project.name, body.code)
+    volumes.check_mounts(session, project.id, project.name, body.volumes)
     nodes = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
     check_fits(request, body.workers, body.pools, preemptible, nodes, chains(queues)[project.id], body.gpu_models)
     name = body.name or f"{body.type}-{secrets.token_hex(3)}"

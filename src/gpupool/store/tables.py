@@ -123,6 +123,20 @@ class SecretRow(Base):
     updated_by: Mapped[str] = mapped_column(String(63))
 
 
+class VolumeRow(Base):
+    """A project's volume: storage of a set size that outlives workloads, mounted by those that name it (a loop-mounted
+    filesystem image on the local backend, a PersistentVolumeClaim on Kubernetes, made at its first mount)."""
+
+    __tablename__ = "volumes"
+    __table_args__ = (UniqueConstraint("project_id", "name", name="uq_volumes_project_name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(63))
+
+
 class AuditRow(Base):
     """One mutating request or sign-in, whatever its outcome."""
 

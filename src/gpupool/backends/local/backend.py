@@ -27,23 +27,23 @@ from gpupool.backends.base import (
     MemberSample,
     Observed,
     Sample,
+    VolumeSpec,
 )
 from gpupool.backends.local.apps import answers_http, apps_root
 from gpupool.backends.local.gpus import Discovered
-from gpupool.backends.local.mps import MpsDaemon, mps_env
+from gpupool.backends.local.launchenv import member_environment
+from gpupool.backends.local.mps import MpsDaemon
 from gpupool.backends.local.reaper import Reaper
 from gpupool.backends.local.runs import Found, Record, RunDir, start_ticks
 from gpupool.backends.local.sandbox import APP_SOCKET, Isolation, Limits, Member, Sandbox
 from gpupool.backends.local.telemetry import CpuActivity, NvmlReader, processes, tree
+from gpupool.backends.local.volumes import Volumes, loop_mounts_work, volume_words
 from gpupool.backends.local.workdirs import Blobs, CodePlacer, discard
 from gpupool.core import Node
 from gpupool.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
-_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR", "TERM")
-_SANDBOX_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
-"""What a sandboxed member inherits from the server's environment: its HOME, user and /tmp are its own."""
 _DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 DEFAULT_GRACE_S = 30.0
 """The grace of a launch whose record predates graces in records."""
@@ -101,6 +101,7 @@ class LocalBackend:
         self._on_exit = on_exit
         self._dir = RunDir(data_dir / "run")
         self._code = CodePlacer(data_dir / "workloads", Blobs(data_dir))
+        self.volumes = Volumes(data_dir, loop_mounts_work())
         self._lock = threading.Lock()
         """Guards the tables below, and nothing else: no process start or file write happens under it."""
         self._runs: dict[str, _Run] = {}
@@ -123,7 +124,7 @@ class LocalBackend:
             fractions_enforced=self._mps is not None,
             notebooks=notebooks,
             extra={"gpus": "simulated" if gpus.simulated else "nvml"},
-            isolation=self.isolation.summary(),
+            isolation={**self.isolation.summary(), "volumes": volume_words(self.volumes.enforced)},
         )
         if adopt:
             self._adopt()
@@ -140,6 +141,10 @@ class LocalBackend:
         """A deleted workload's files go (the API's delete asks; a live workload's are never asked for)."""
         discard(self.data_dir, workload_id)
         self._code.forget(workload_id)
+
+    def delete_volume(self, volume: VolumeSpec) -> None:
+        """A deleted volume's storage goes: unmounted, its image removed."""
+        self.volumes.remove(volume.project, volume.name)
 
     def log_path(self, workload_id: int, rank: int) -> str:
         return str(self.data_dir / "logs" / str(workload_id) / f"rank-{rank}.log")
@@ -238,13 +243,17 @@ class LocalBackend:
     def _start(self, spec: LaunchSpec, lock_fd: int) -> tuple[subprocess.Popen[bytes], Record]:
         """The intent made durable, then the wrapper started holding the lock (`lock_fd` as its stdin)."""
         member = self._member(spec)
+        owner = self._owner(spec)
+        if member.mounts and self.isolation.sandboxed:  # (a refused mount is said by the sandbox's command)
+            for v in spec.volumes:
+                self.volumes.ensure(v.project, v.name, v.size_bytes, owner)
         code = spec.code
         if code is not None:  # under the launch's lock and before its intent: see workdirs.py
-            self._code.place(spec.workload_id, code, member.workdir, self._owner(spec))
+            self._code.place(spec.workload_id, code, member.workdir, owner)
         self.sandbox.prepare(member)
         log_file = Path(self.log_path(spec.workload_id, spec.rank))
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        env, enforced = self._environment(spec, member)
+        env, enforced = member_environment(spec, member, self.sandbox, self.gpus.uuids, self._mps)
         if self.isolation.sandboxed:
             with self._sandbox_lock:  # it rewrites a project's identity files, which its members share
                 argv, cgroups = self.sandbox.argv(member, spec.argv)
@@ -380,6 +389,7 @@ class LocalBackend:
             shared=(str(self._mps.pipe_dir), str(self._mps.log_dir)) if self._mps is not None else (),
             image=spec.image,
             kind=spec.kind,
+            mounts=tuple((str(self.volumes.paths(v.project, v.name)[0]), v.path, v.read_only) for v in spec.volumes),
         )
 
     def _owner(self, spec: LaunchSpec) -> int | None:
@@ -444,54 +454,6 @@ class LocalBackend:
             found = self._dir.survey(alloc_id)
             if found is not None:
                 self._track(alloc_id, found)
-
-    def _environment(self, spec: LaunchSpec, member: Member) -> tuple[dict[str, str], bool]:
-        # A clean environment: the server's own secrets (database URL, tokens) never reach a workload.
-        inherited = _SANDBOX_ENV if self.isolation.sandboxed else _BASE_ENV
-        env = {k: os.environ[k] for k in inherited if k in os.environ}
-        env.update(self.sandbox.home_env(member))
-        env.update(spec.secrets)  # the project's secrets; the workload's own variables win on a clash
-        env.update(spec.env)
-        workdir = member.workdir
-        visible = ",".join(str(d.index) for d in spec.devices)
-        env.update(
-            {
-                "CUDA_VISIBLE_DEVICES": visible,
-                "NVIDIA_VISIBLE_DEVICES": ",".join(self.gpus.uuids[d.index] for d in spec.devices) or "none",
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                "GPUPOOL_WORKLOAD": spec.workload_name,
-                "GPUPOOL_PROJECT": spec.project,
-                "GPUPOOL_ALLOCATION": spec.alloc_id,
-                "GPUPOOL_WORKDIR": str(workdir),
-            }
-        )
-        if spec.port is not None:
-            env["PORT"] = str(spec.port)
-        if spec.master_port is not None:
-            # What torchrun sets, so unmodified DDP scripts work; every member is on this host.
-            env.update(
-                {
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(spec.master_port),
-                    "WORLD_SIZE": str(spec.world_size),
-                    "RANK": str(spec.rank),
-                    "LOCAL_RANK": str(spec.rank),
-                    "LOCAL_WORLD_SIZE": str(spec.world_size),
-                    "GROUP_RANK": "0",
-                    "ROLE_RANK": str(spec.rank),
-                    "ROLE_WORLD_SIZE": str(spec.world_size),
-                }
-            )
-        enforced = False
-        fraction = [d for d in spec.devices if d.milli < 1000]
-        if fraction:
-            d = fraction[0]
-            env["GPUPOOL_GPU_FRACTION"] = f"{d.milli / 1000:.3f}"
-            env["GPUPOOL_GPU_MEMORY_LIMIT_MIB"] = str(d.memory_mib)
-            if self._mps is not None and self._mps.ensure():
-                env.update(mps_env(self._mps, d.milli, d.memory_mib))
-                enforced = True
-        return env, enforced
 
 
 def _has_module(name: str) -> bool:

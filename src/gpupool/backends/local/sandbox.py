@@ -159,6 +159,8 @@ class Member:
     """An OCI image to run it in (podman); None: this host's system with a Python environment of its own."""
     kind: str = ""
     """The workload's type (a notebook's environment has JupyterLab)."""
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    """Project volumes: (host directory, path inside, read-only)."""
 
 
 def _drop(uid: int) -> list[str]:
@@ -216,6 +218,10 @@ class Sandbox:
         """The command that runs `argv` sandboxed, and the cgroup.procs files the launcher joins first: in its
         image through podman, or else in a Python environment of its own, built first where need be (envs.py)."""
         reason = self.data_dir / "run" / f"{member.alloc_id}.reason"
+        refused = self._mounts_refused(member)
+        if refused is not None:
+            say = f'echo "gpupool: $0"; printf "%s\\n" "$0" > "$1"; exit {images.CANNOT_START}'
+            return ("/bin/sh", "-c", say, refused, str(reason)), ()
         if member.image is not None:
             return images.argv(self._container(member, reason), argv), ()
         notebook = member.kind == "notebook" or (argv[:1] == (sys.executable,) and argv[1:3] == ("-m", "jupyterlab"))
@@ -265,10 +271,33 @@ class Sandbox:
                 box += ["--dev-bind", dev, dev]
         for shared in member.shared:
             box += ["--bind", shared, shared]
+        for source, inside, read_only in member.mounts:
+            # The mount point must exist in the view; the system is read-only there, so an empty directory is
+            # made on the host where none is (root's, 755: it holds nothing of anyone's).
+            os.makedirs(inside, mode=0o755, exist_ok=True)
+            box += ["--ro-bind" if read_only else "--bind", source, inside]
         box += binds
         if private_network:
             box += ["--unshare-net"]
         return [*box, "--chdir", str(member.workdir), "--"]
+
+    def _mounts_refused(self, member: Member) -> str | None:
+        """Why the member's volumes cannot be mounted as asked, or None."""
+        if not member.mounts:
+            return None
+        if not self.isolation.sandboxed:
+            return ("volumes are mounted into a workload's sandbox, which a --single-user server does not make; "
+                    "start the server as root without --single-user to use them")  # fmt: skip
+        if member.image is not None:
+            return "volumes are not yet mounted into an image's container on the local backend (leave out image)"
+        hidden = (str(self.data_dir), str(member.workdir))
+        for _, inside, _ in member.mounts:
+            for h in hidden:
+                if inside == h or h.startswith(inside.rstrip("/") + "/") or inside.startswith(h + "/"):
+                    return f"a volume at {inside} would clash with the workload's working directory ({h})"
+            if os.path.exists(inside) and not os.path.isdir(inside):
+                return f"a volume cannot be mounted at {inside}: it is a file on this host"
+        return None
 
     def _container(self, member: Member, reason: Path) -> images.Container:
         """What podman needs to run a member as its sandbox would: identity, workdir, devices, limits."""
