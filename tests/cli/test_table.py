@@ -20,7 +20,7 @@ def _render(columns: tuple[Column, ...], rows: list[tuple[str, ...]], width: int
 
 
 def _row(name: str) -> tuple[str, ...]:
-    return (name, "vision", "training", "interactive", "pending", "0.25 GPU", "-",
+    return (name, "vision", "ana", "training", "interactive", "pending", "0.25 GPU", "-",
             "over limit: vision 2+2/3 GPUs in default", "in 1d2h (declared)", "3m")  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, get_args
@@ -10,11 +11,12 @@ import typer
 import yaml
 from pydantic import ValidationError
 
+from gpupool.cli import spec
 from gpupool.cli.connection import Output, OutputOpt, client, default_project, emit_json, fail
 from gpupool.client import Client
 from gpupool.client.client import ApiError
 from gpupool.client.code import CodeError, upload_tree
-from gpupool.durations import duration_flag, parse_duration
+from gpupool.durations import duration_flag
 from gpupool.lifecycle.phases import RetryOn
 from gpupool.models.schemas import WorkloadCreate, WorkloadPublic
 from gpupool.models.wire import WorkloadType
@@ -125,6 +127,9 @@ def submit(
     cpu: Annotated[float | None, typer.Option("--cpu", help="CPU cores per member, e.g. 4 or 0.5.")] = None,
     memory: Annotated[str | None, typer.Option("--memory", help="Host memory per member, e.g. 16GiB.")] = None,
     pools: Annotated[list[str] | None, typer.Option("--pool", help="A pool it may run in (repeatable).")] = None,
+    gpu_models: Annotated[
+        list[str] | None, typer.Option("--gpu-model", help="A GPU model it accepts, e.g. H100 (repeatable).")
+    ] = None,
     image: Annotated[str | None, typer.Option("--image", help="A container image to run the command in.")] = None,
     workers: Annotated[int, typer.Option("--workers", help="Gang members, started all at once.")] = 1,
     priority: Annotated[str | None, typer.Option("--priority", help=f"{', '.join(PRIORITIES)}.")] = None,
@@ -165,7 +170,8 @@ def submit(
         project = project_of(c, project)
         fields: dict[str, Any] = {
             "project": project, "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
-            "gpu_memory": gpu_memory, "cpu": cpu, "memory": memory, "pools": pools or [], "image": image,
+            "gpu_memory": gpu_memory, "cpu": cpu, "memory": memory, "pools": pools or [],
+            "gpu_models": gpu_models or [], "image": image,
             "workers": workers, "priority": priority, "preemptible": preemptible, "port": port, "env": pairs,
             "command": list(command or []), "grace_s": grace, "max_duration_s": max_duration,
         }  # fmt: skip
@@ -180,29 +186,28 @@ def submit(
         _submitted(c.submit(body, idempotency_key), output)
 
 
-def _durations(data: dict[str, Any], file: Path) -> None:
-    """`max_duration: 4h` and `grace: 30s` as submit takes them; the API's fields are in seconds."""
-    for field, api in (("max_duration", "max_duration_s"), ("grace", "grace_s")):
-        if field not in data:
-            continue
-        declared = data.pop(field)
-        try:
-            data[api] = None if declared is None else parse_duration(str(declared))
-        except ValueError as e:
-            fail(f"{file}: {field}: {e}", 2)
-
-
 def apply(
-    file: Annotated[Path, typer.Option("-f", "--file", help="A workload in YAML (the fields of submit).")],
+    file: Annotated[
+        Path | None, typer.Option("-f", "--file", help="A workload in YAML (the fields of submit).")
+    ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Replace the live workload of that name if its spec differs.")
     ] = False,
     workdir: Workdir = None,
     no_code: NoCode = False,
+    schema: Annotated[
+        bool, typer.Option("--schema", help="Print the JSON Schema of the file, for editors, and stop.")
+    ] = False,
     output: Output = OutputOpt,
 ) -> None:
     """Submit the workload described in a YAML file, with the file's `workdir:` (relative to the file) as its
-    code, or --workdir DIR, or none with --no-code."""
+    code, or --workdir DIR, or none with --no-code. Resources go at the top level or under `resources:` (gpu,
+    gpus, gpu_memory, cpu, memory, gpu_model: a name or a list, pools)."""
+    if schema:
+        print(json.dumps(spec.schema(), indent=2))
+        return
+    if file is None:
+        fail("say which file with -f FILE (or - for stdin)", 2)
     _one_of(workdir, no_code)
     try:
         data = yaml.safe_load(file.read_text() if str(file) != "-" else sys.stdin.read())
@@ -212,8 +217,10 @@ def apply(
         fail(f"{file} is not valid YAML: {str(e).splitlines()[0]}", 2)
     if not isinstance(data, dict):
         fail(f"{file}: expected a mapping of workload fields (project, name, type, gpus, command, ...)", 2)
-    data = {str(k).replace("-", "_"): v for k, v in data.items()}
-    _durations(data, file)
+    try:
+        data = spec.normalise(data)
+    except spec.SpecError as e:
+        fail(f"{file}: {e}", 2)
     for field, valid in (("type", TYPES), ("priority", PRIORITIES)):
         if data.get(field) is not None and data[field] not in valid:
             fail(f"{file}: {field} {data[field]!r}: expected one of {', '.join(valid)}", 2)

@@ -57,18 +57,23 @@ def _relative(at: float, now: float | None = None) -> str:
 def list_(
     project: ProjectOpt = None,
     state: Annotated[str | None, typer.Option("--state", help="Only workloads in this state.")] = None,
+    mine: Annotated[bool, typer.Option("--mine", help="Only the workloads you submitted.")] = False,
+    user: Annotated[str | None, typer.Option("--user", help="Only the workloads this user submitted.")] = None,
     watch: Annotated[bool, typer.Option("-w", "--watch", help="Refresh every 2 seconds until Ctrl-C.")] = False,
     output: Output = OutputOpt,
 ) -> None:
     """List workloads you can see, newest first. Names are never cut: columns that do not fit the terminal are
-    left out instead (PRIORITY, TYPE, ETA, NODE/DEVICES, PROJECT, GPUS, AGE, in that order)."""
+    left out instead (PRIORITY, TYPE, ETA, OWNER, NODE/DEVICES, PROJECT, GPUS, AGE, in that order)."""
     if state is not None and state not in tuple(Phase):
         fail(f"--state {state!r}: expected one of {', '.join(Phase)}", 2)
+    if mine and user is not None:
+        fail("--mine and --user: give one or the other", 2)
     with client() as c:
+        owner = c.whoami().name if mine else user
         if watch:
-            _watch(lambda: c.list_workloads(project, state), output)
+            _watch(lambda: c.list_workloads(project, state, user=owner), output)
             return
-        rows = c.list_workloads(project, state)
+        rows = c.list_workloads(project, state, user=owner)
     if output is Output.json:
         emit_json(rows)
         return
@@ -99,9 +104,9 @@ def _watch(fetch: Callable[[], list[WorkloadPublic]], output: Output) -> None:
 
 
 LIST_COLUMNS = (
-    Column("NAME"), Column("PROJECT", drop=4), Column("TYPE", drop=7), Column("PRIORITY", drop=8), Column("STATE"),
-    Column("GPUS", drop=3), Column("NODE/DEVICES", drop=5), Column("REASON", drop=1, wrap=True),
-    Column("ETA", drop=6), Column("AGE", drop=2),
+    Column("NAME"), Column("PROJECT", drop=4), Column("OWNER", drop=6), Column("TYPE", drop=8),
+    Column("PRIORITY", drop=9), Column("STATE"), Column("GPUS", drop=3), Column("NODE/DEVICES", drop=5),
+    Column("REASON", drop=1, wrap=True), Column("ETA", drop=7), Column("AGE", drop=2),
 )  # fmt: skip
 
 
@@ -109,7 +114,7 @@ def print_list(rows: Sequence[WorkloadPublic], console: Console | None = None) -
     """The table `list` prints: a queued workload's REASON is its blocker in a few words, a live one's its node.
     It fits the terminal's width by leaving columns out (LIST_COLUMNS' drop order), never by cutting a name."""
     cells = [
-        (w.name, w.project, w.type, w.priority, w.state, w.gpu_request,
+        (w.name, w.project, w.owner or "-", w.type, w.priority, w.state, w.gpu_request,
          f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-",
          w.reason_short if w.state in QUEUED else "-", eta_text(w), _age(w.created_at))
         for w in rows
@@ -121,7 +126,7 @@ def describe_text(d: WorkloadDetail) -> None:
     """What `describe` prints."""
     fmt = "%Y-%m-%d %H:%M:%S"
     print(f"Name:        {d.name}  (id {d.id})")
-    print(f"Project:     {d.project}")
+    print(f"Project:     {d.project}" + (f", submitted by {d.owner}" if d.owner else ""))
     print(f"Type:        {d.type}, priority {d.priority}, {'preemptible' if d.preemptible else 'not preemptible'}")
     print(f"State:       {d.state}" + (f" (attempt {d.attempt + 1})" if d.attempt else ""))
     print(f"Reason:      {d.reason}" + (f" [{d.reason_code}]" if d.reason_code else ""))
@@ -138,6 +143,11 @@ def describe_text(d: WorkloadDetail) -> None:
         )  # fmt: skip
         print(f"ETA:         {when} ({d.eta_basis}: {_BASIS.get(d.eta_basis, '')})")
     print(f"GPUs:        {d.gpu_request}" + (f" (fraction {d.fraction})" if d.fraction else ""))
+    asked = resources_text(d)
+    if asked:
+        print(f"Resources:   {asked}")
+    if d.image:
+        print(f"Image:       {d.image}")
     if d.rightsizing is not None:
         print(f"Right-size:  {d.rightsizing.message}")
     for a in d.allocations:
@@ -184,6 +194,21 @@ def describe_text(d: WorkloadDetail) -> None:
     print("Events:")
     for e in d.events:
         print(f"  {time.strftime(fmt, time.localtime(e.at))}  {e.state:<10} {e.reason}{start_note(e)}")
+
+
+def resources_text(d: WorkloadDetail) -> str:
+    """What it asked for besides GPUs, per member: "cpu 0.5, memory 1 GiB, pools a, b, GPU models H100"."""
+    parts = []
+    if d.cpu_milli:
+        parts.append(f"cpu {d.cpu_milli / 1000:g}")
+    if d.memory_mib:
+        mib = d.memory_mib
+        parts.append(f"memory {mib // 1024} GiB" if mib % 1024 == 0 else f"memory {mib} MiB")
+    if d.pools:
+        parts.append(f"pool{'s' if len(d.pools) > 1 else ''} {', '.join(d.pools)}")
+    if d.gpu_models:
+        parts.append(f"GPU model{'s' if len(d.gpu_models) > 1 else ''} {', '.join(d.gpu_models)}")
+    return "; ".join(parts)
 
 
 def _wait(seconds: float) -> str:
