@@ -33,7 +33,7 @@ from gpupool.core.placement.memo import Memo
 from gpupool.failpoints import failpoint
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.events import EventCode
-from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, LIVE, AllocPhase
+from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, LIVE, TERMINAL, AllocPhase
 from gpupool.logs import current_cycle, cycle_context
 from gpupool.models.volumes import VolumeMount
 from gpupool.store import changes
@@ -53,6 +53,9 @@ STALE_VIEW_S = 30.0
 """A cycle that follows none for this long (or five intervals, if longer) reads every workload again."""
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """The core's steps take well under a millisecond on a small cluster; a commit on a busy store, seconds."""
+WORKDIR_RETENTION_S = 7 * 86400.0
+"""How long a finished workload's working directory is kept unless the server's settings say otherwise."""
+COLLECT_EVERY_S = 60.0
 
 
 class Controller:
@@ -68,8 +71,12 @@ class Controller:
         telemetry_interval_s: float = 5.0,
         inventory_interval_s: float | None = None,
         fence: Callable[[Session], None] | None = None,
+        workdir_retention_s: float = WORKDIR_RETENTION_S,
     ) -> None:
         self.sessions = sessions
+        self.workdir_retention_s = workdir_retention_s
+        """How long a finished workload's working directory is kept (the backend's, where it keeps one)."""
+        self._next_collect = 0.0
         self.backend = backend
         self.interval_s = interval_s
         self.config = config or SchedulerConfig()
@@ -316,6 +323,9 @@ class Controller:
         failpoint("cycle.before-events")
         with self._step("commit_events"):
             self._commit_checked(s, acting, [])
+        if now >= self._next_collect:
+            self._next_collect = now + COLLECT_EVERY_S
+            collect_workdirs(s, self.backend, now - self.workdir_retention_s)
         with self._step("estimates"):
             self.estimates.after_cycle(snapshot, decision, by_id.values(), projects)
         # Kept for its shares (metrics, portal) without its 100,000 reasons: kept, they outlived the cycle, and the
@@ -391,6 +401,27 @@ def _unwrite(s: Session, row: WorkloadRow) -> None:
         if isinstance(obj, EventRow) and obj.workload_id == row.id:
             s.expunge(obj)
     s.refresh(row, [c.key for c in WorkloadRow.__mapper__.column_attrs])
+
+
+def collect_workdirs(s: Session, backend: Backend, ended_before: float) -> list[int]:
+    """Remove the working directories of workloads that ended before `ended_before` (or were deleted)."""
+    ids_of = getattr(backend, "workdir_ids", None)
+    collect = getattr(backend, "collect_workdir", None)
+    if ids_of is None or collect is None:
+        return []
+    have: list[int] = ids_of()
+    done: list[int] = []
+    ended = [p.value for p in TERMINAL]
+    for i in range(0, len(have), 500):
+        query = select(WorkloadRow.id).where(
+            WorkloadRow.id.in_(have[i : i + 500]), WorkloadRow.state.in_(ended), WorkloadRow.finished_at < ended_before
+        )
+        for wid in s.scalars(query):
+            collect(wid)
+            done.append(wid)
+    if done:
+        log.info("removed the working directories of %d finished workloads past their retention", len(done))
+    return done
 
 
 def volume_specs(

@@ -30,6 +30,7 @@ from gpupool.backends.base import (
     VolumeSpec,
 )
 from gpupool.backends.local.apps import answers_http, apps_root
+from gpupool.backends.local.files import WorkdirFiles
 from gpupool.backends.local.gpus import Discovered
 from gpupool.backends.local.launchenv import member_environment
 from gpupool.backends.local.mps import MpsDaemon
@@ -141,10 +142,38 @@ class LocalBackend:
         """A deleted workload's files go (the API's delete asks; a live workload's are never asked for)."""
         discard(self.data_dir, workload_id)
         self._code.forget(workload_id)
+        self._collected(workload_id).unlink(missing_ok=True)
 
     def delete_volume(self, volume: VolumeSpec) -> None:
         """A deleted volume's storage goes: unmounted, its image removed."""
         self.volumes.remove(volume.project, volume.name)
+
+    def workload_files(self, workload_id: int, project_id: int) -> WorkdirFiles | None:
+        """Its working directory (every member's on this host), for `cp`; None where there is none (any more)."""
+        root = self.workdir(workload_id)
+        if not root.is_dir():
+            return None
+        return WorkdirFiles(str(root), self.sandbox.uid(project_id) if self.isolation.sandboxed else None)
+
+    def workdir_ids(self) -> list[int]:
+        """The workloads that have a working directory here."""
+        root = self.data_dir / "workloads"
+        return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
+
+    def collect_workdir(self, workload_id: int) -> None:
+        """A finished workload's working directory goes once its retention is over (its logs stay)."""
+        mark = self._collected(workload_id)
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.touch()
+        shutil.rmtree(self.workdir(workload_id), ignore_errors=True)
+        self._code.forget(workload_id)
+
+    def workdir_collected(self, workload_id: int) -> bool:
+        """Whether its working directory was removed at the end of its retention."""
+        return self._collected(workload_id).exists()
+
+    def _collected(self, workload_id: int) -> Path:
+        return self.data_dir / "workloads" / f"{workload_id}.collected"
 
     def log_path(self, workload_id: int, rank: int) -> str:
         return str(self.data_dir / "logs" / str(workload_id) / f"rank-{rank}.log")
