@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool import __version__
-from gpupool.backends.base import AppEndpoint, Capabilities, LaunchSpec, Observed, Sample
+from gpupool.backends.base import AppEndpoint, Capabilities, LaunchSpec, Observed, Sample, VolumeSpec
 from gpupool.backends.kubernetes.dcgm import DcgmScraper, DcgmSettings, PodIndex, to_sample
 from gpupool.backends.kubernetes.logs import follow
 from gpupool.backends.kubernetes.manifests import (
@@ -37,6 +37,7 @@ from gpupool.backends.kubernetes.manifests import (
     secrets_manifest,
 )
 from gpupool.backends.kubernetes.podwatch import PodWatch
+from gpupool.backends.kubernetes.volumes import claim_manifest, claim_name
 from gpupool.core import Node
 
 log = logging.getLogger("gpupool.kubernetes")
@@ -158,6 +159,9 @@ class KubernetesBackend:
                 self._create(lambda: self.core.create_namespaced_service(ns, gang_service_manifest(spec, ns)))
             if spec.secrets:
                 self._put_secrets(ns, spec.secrets)
+            for v in spec.volumes:  # before the pod, which waits for its claims to bind
+                claim = claim_manifest(v, ns)
+                self._create(lambda claim=claim: self.core.create_namespaced_persistent_volume_claim(ns, claim))
             code = self._code_fetch(spec)
             if code is not None:
                 # Before the pod: its init step reads the token from this Secret.
@@ -172,6 +176,15 @@ class KubernetesBackend:
             raise
         # Until the watch shows it, the pod is alive by our word: a cycle right now must not take it for gone.
         self.watch.launched(spec.alloc_id, body["metadata"]["name"], ns)
+
+    def delete_volume(self, volume: VolumeSpec) -> None:
+        """A deleted volume's claim goes (its data with it, as the StorageClass's reclaim policy says)."""
+        ns = namespace_for(volume.project, self.settings.namespace_prefix)
+        try:
+            self.core.delete_namespaced_persistent_volume_claim(claim_name(volume), ns)
+        except self._client.ApiException as e:
+            if e.status != 404:  # never mounted: never made
+                raise
 
     def _code_fetch(self, spec: LaunchSpec) -> CodeFetch | None:
         if spec.code is None:

@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpupool.backends.base import LaunchSpec
+from gpupool.backends.kubernetes.volumes import pod_volumes
 from gpupool.core import Device, Node
 from kubernetes import utils as kube_utils
 
@@ -298,6 +299,10 @@ def pod_manifest(
         pod_spec["initContainers"] = [code_init_container(spec, code, container_security)]
         container["volumeMounts"] = [{"name": "code", "mountPath": CODE_DIR}]
         container["workingDir"] = CODE_DIR
+    if spec.volumes:
+        claims, mounts = pod_volumes(spec)
+        pod_spec["volumes"] = [*pod_spec.get("volumes", []), *claims]
+        container["volumeMounts"] = [*container.get("volumeMounts", []), *mounts]
     pod_spec["containers"].append(container)
     return {
         "apiVersion": "v1",
