@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from gpupool import __version__
@@ -160,8 +161,7 @@ class KubernetesBackend:
             if spec.secrets:
                 self._put_secrets(ns, spec.secrets)
             for v in spec.volumes:  # before the pod, which waits for its claims to bind
-                claim = claim_manifest(v, ns)
-                self._create(lambda claim=claim: self.core.create_namespaced_persistent_volume_claim(ns, claim))
+                self._create(partial(self.core.create_namespaced_persistent_volume_claim, ns, claim_manifest(v, ns)))
             code = self._code_fetch(spec)
             if code is not None:
                 # Before the pod: its init step reads the token from this Secret.
