@@ -29,8 +29,11 @@ def _job(c: Client, name: str, script: str, mount: str = "/data") -> WorkloadCre
 def test_a_volume_outlives_its_writer_and_its_size_is_enforced(org_server: Server) -> None:
     s = org_server
     ana, bo, vic = _user(s, "ana", "vision"), _user(s, "bo", "nlp"), _user(s, "vic", "vision", "viewer")
-    made = api.create_volume(ana, "vision", "scratch", "16MiB")
-    assert (made.name, made.size_bytes) == ("scratch", 16 * 2**20)
+    token = s.client().create_user(UserCreate(name="cli", projects=["vision"])).token
+    made = s.cli("volume", "create", "scratch", "--size", "16MiB", "-p", "vision", token=token)
+    assert made.stdout == "volume scratch of vision created (16MiB)\n"
+    listed = s.json("volume", "list", "-p", "vision", token=token)
+    assert [(v["name"], v["size_bytes"], v["created_by"]) for v in listed] == [("scratch", 16 * 2**20, "cli")]
     ana.submit(_job(ana, "writer", "echo hello > /data/greeting && stat -c %a /data"))
     done = s.wait_state("writer", "succeeded", "failed", timeout=60)
     assert done["state"] == "succeeded", s.cli("logs", "writer").stdout

@@ -34,7 +34,7 @@ def volume_create(
     """Create a volume; its storage is made when a workload first mounts it."""
     with client() as c:
         v = api.create_volume(c, project_of(c, project), name, size)
-    print(f"volume {v.name} of {v.project} created ({human(v.size_bytes)})")
+    print(f"volume {v.name} of {v.project} created ({_size(v.size_bytes)})")
 
 
 @volume_app.command("list")
@@ -46,7 +46,7 @@ def volume_list(project: ProjectOpt = None, output: Output = OutputOpt) -> None:
         emit_json(rows)
         return
     print_table(f"volumes of {p}", ("NAME", "SIZE", "IN USE BY", "CREATED BY", "CREATED"),
-                ((r.name, human(r.size_bytes), ", ".join(r.in_use_by) or "-", r.created_by,
+                ((r.name, _size(r.size_bytes), ", ".join(r.in_use_by) or "-", r.created_by,
                   time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))) for r in rows))  # fmt: skip
 
 
@@ -57,6 +57,13 @@ def volume_delete(name: str, project: ProjectOpt = None) -> None:
         p = project_of(c, project)
         api.delete_volume(c, p, name)
     print(f"volume {name} of {p} deleted")
+
+
+def _size(n: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:g}{unit}" if n % size == 0 else f"{n / size:.1f}{unit}"
+    return human(n)
 
 
 def cp(
