@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from gpupool.backends.base import LaunchSpec, VolumeSpec
 from gpupool.backends.kubernetes.backend import KubernetesBackend
+from gpupool.backends.kubernetes.manifests import CODE_DIR
+from gpupool.services.volumes import POD_WORKDIR
 from kubernetes import client
 from tests.e2e.conftest import wait_for
 from tests.kubernetes.cluster import Cluster
@@ -53,3 +55,7 @@ def test_a_volume_is_a_claim_of_its_size_mounted_into_every_member(
     backend.delete_volume(DATA)
     backend.delete_volume(DATA)  # gone already: nothing to do
     wait_for(lambda: live_claims() == ["gpupool-vol-8"], 30, "the deleted volume's claim to go")
+
+
+def test_submit_keeps_volumes_off_the_pods_working_directory() -> None:
+    assert POD_WORKDIR == CODE_DIR

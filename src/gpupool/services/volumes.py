@@ -11,7 +11,6 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpupool.backends.kubernetes.manifests import CODE_DIR as POD_WORKDIR
 from gpupool.lifecycle.phases import TERMINAL
 from gpupool.models.volumes import VolumeCreate, VolumeMount, VolumePublic
 from gpupool.services import audit
@@ -26,6 +25,9 @@ MAX_VOLUME_BYTES = 10 * 2**40
 MIN_VOLUME_BYTES = 8 * 2**20
 """The smallest: a filesystem needs room for its own bookkeeping."""
 MAX_PER_PROJECT = 100
+POD_WORKDIR = "/workspace"
+"""A pod's working directory (gpupool.backends.kubernetes.manifests.CODE_DIR, which needs the kubernetes extra to
+import; tests/kubernetes/test_volumes.py holds the two equal)."""
 RESERVED_PATHS = ("/proc", "/dev", "/sys", "/run", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/tmp")
 """Where a volume may not be mounted: the system the sandbox shows read-only, and the places it makes private."""
 
