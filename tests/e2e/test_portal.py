@@ -134,9 +134,10 @@ def test_a_member_launches_opens_and_cancels_a_notebook_and_sees_only_their_proj
     shot(page, "5-costs")
 
     page.click("nav a[data-page=workloads]")
+    page.once("dialog", lambda d: d.accept())  # cancel asks first
     page.locator("tr[data-name=my-nb]").get_by_role("button", name="Cancel").click()
     expect(page.locator("tr[data-name=my-nb] .state")).to_have_text("cancelled", timeout=30_000)
-    session = page.evaluate("sessionStorage.getItem('gpupool-token')")
+    session = {c["name"]: c["value"] for c in page.context.cookies()}["gpupool_session"]
     assert httpx.get(f"{s.url}/api/v1/whoami", headers={"Authorization": f"Bearer {session}"}).status_code == 200
     page.click("#signout")
     expect(page.locator("#pw")).to_be_visible()

@@ -119,10 +119,10 @@ def test_the_portal_signs_alice_in_through_dex_and_refuses_an_unmapped_user(site
             expect(page.locator("#submit [name=project] option")).to_have_text(["vision"])
             SHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SHOTS / "7-sso-signed-in.png"), full_page=True)
-            token = page.evaluate("sessionStorage.getItem('gpupool-token')")
+            cookies = {c["name"]: c for c in page.context.cookies()}
+            token = cookies["gpupool_session"]["value"]
             assert token.startswith("gps_")
             assert _whoami(s, token)["projects"] == ["vision"]
-            cookies = {c["name"]: c for c in page.context.cookies()}
             assert cookies["gpupool_session"]["path"] == "/" and cookies["gpupool_session"]["httpOnly"]
             assert "gpupool_sso_session" not in cookies and "gpupool_sso_login" not in cookies
 
@@ -135,7 +135,7 @@ def test_the_portal_signs_alice_in_through_dex_and_refuses_an_unmapped_user(site
                 "Single sign-on failed: your groups give you no access to gpupool."
             )
             expect(other.locator("#pw")).to_be_visible()
-            assert other.evaluate("sessionStorage.getItem('gpupool-token')") is None
+            assert "gpupool_session" not in {c["name"] for c in other.context.cookies()}
             other.screenshot(path=str(SHOTS / "8-sso-refused.png"), full_page=True)
         finally:
             b.close()

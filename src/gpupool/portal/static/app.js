@@ -1,41 +1,17 @@
 // gpupool's portal: a few pages over the same API the CLI uses, with the caller's own token and rights.
 // Everything shown that came from a user goes through text nodes or esc(), never raw HTML.
-"use strict";
+import { barChart, lineChart } from "./charts.js";
+import { QUEUED, TERMINAL, Stale, adviceLine, age, api, call, el, esc, flagged, fmt, main, pageOf, ref, show, state } from "./core.js";
+import { workloadPage } from "./workload.js";
 
-const main = document.getElementById("main");
 const TYPES = ["notebook", "training", "inference", "batch"];
-let me = null;
-let timer = null;
-// Bumped on every route: a page whose data arrives after the user has moved on must not draw over the new page.
-let view = 0;
-class Stale extends Error {}
-function show(mine, ...nodes) { if (mine !== view) throw new Stale("moved on"); main.replaceChildren(...nodes); }
-
-const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-const token = () => sessionStorage.getItem("gpupool-token");
-const fmt = (x, d = 2) => Number(x ?? 0).toFixed(d);
-const age = (t) => { const s = Math.max(0, Math.round(Date.now() / 1000 - t)); return s >= 3600 ? `${Math.floor(s / 3600)}h` : s >= 60 ? `${Math.floor(s / 60)}m` : `${s}s`; };
-
-async function api(path, opts = {}) {
-  const headers = { Authorization: `Bearer ${token()}`, ...(opts.body ? { "Content-Type": "application/json" } : {}) };
-  const res = await fetch(path, { ...opts, headers, body: opts.body ? JSON.stringify(opts.body) : undefined });
-  if (res.status === 401) { signOut(); throw new Error("signed out"); }
-  if (!res.ok) {
-    let reason = res.statusText;
-    try { const j = await res.json(); reason = Array.isArray(j.detail) ? j.detail.map((e) => `${e.loc.slice(1).join(".")}: ${e.msg}`).join("; ") : j.detail; } catch (e) { /* not JSON */ }
-    throw new Error(reason);
-  }
-  const type = res.headers.get("content-type") || "";
-  return type.includes("json") ? res.json() : res.text();
-}
+const STATES = ["pending", "starting", "running", "preempted", "suspended", "succeeded", "failed", "cancelled"];
 
 function signOut() {
-  sessionStorage.removeItem("gpupool-token");
-  me = null;
+  state.me = null;
   location.hash = "#/login";
 }
-
-function el(html) { const t = document.createElement("template"); t.innerHTML = html.trim(); return t.content.firstElementChild; }
+state.signedOut = signOut;
 
 // ---- sign in ----------------------------------------------------------------------------------------------
 function loginPage() {
@@ -57,17 +33,19 @@ function loginPage() {
     ev.preventDefault();
     const f = new FormData(ev.target);
     try {
+      // The answer sets the session's cookies; the page keeps no token of its own.
       const res = await fetch("/api/v1/login", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ name: f.get("name"), password: f.get("password") }) });
       const j = await res.json();
       if (!res.ok) throw new Error(j.detail || "sign-in failed");
-      sessionStorage.setItem("gpupool-token", j.token);
       await start();
     } catch (e) { fail(e); }
   };
   document.getElementById("tok").onsubmit = async (ev) => {
     ev.preventDefault();
-    sessionStorage.setItem("gpupool-token", new FormData(ev.target).get("token"));
-    try { await start(); } catch (e) { fail(new Error("that token is not valid")); }
+    // Sent once, as a bearer token: the server answers with the session's cookies for it.
+    const res = await fetch("/api/v1/session", { method: "POST", headers: { Authorization: `Bearer ${new FormData(ev.target).get("token")}` } });
+    if (!res.ok) { fail(new Error("that token is not valid")); return; }
+    try { await start(); } catch (e) { fail(e); }
   };
 }
 
@@ -85,10 +63,10 @@ const SSO_ERRORS = {
 // The last step of a single sign-on: the server kept the new session in a one-time cookie, not in a URL.
 async function ssoExchange() {
   try {
+    // The callback set the session's cookies; this clears its one-time hand-off cookie and says whether it held.
     const res = await fetch("/api/v1/sso/session", { method: "POST" });
     const j = await res.json();
     if (!res.ok) throw new Error(j.detail || "single sign-on failed");
-    sessionStorage.setItem("gpupool-token", j.token);
     history.replaceState(null, "", "/#/workloads");
     await start();
   } catch (e) {
@@ -105,11 +83,19 @@ async function workloadsPage(mine) {
     <section><h2>Start a workload</h2>
       <div class="templates">${TYPES.map((t) => `<button class="secondary" data-template="${t}">${{ notebook: "Jupyter notebook", training: "Training", inference: "Inference service", batch: "Batch sweep" }[t]}</button>`).join("")}</div>
       <div id="form"></div></section>
-    <section><h2>My workloads</h2><table id="list"><thead><tr><th>Name</th><th>Project</th><th>Type</th><th>State</th><th>GPUs</th><th>GPU use</th><th>ETA</th><th>Age</th><th></th></tr></thead><tbody></tbody></table>
+    <section><h2>My workloads</h2>
+      <form id="filters" class="filters"><select name="project"><option value="">all projects</option>${projects.map((p) => `<option>${esc(p.name)}</option>`).join("")}</select>
+        <select name="state"><option value="">any state</option>${STATES.map((x) => `<option>${x}</option>`).join("")}</select>
+        <input name="user" placeholder="user" size="12" autocomplete="off"></form>
+      <table id="list"><thead><tr><th>Name</th><th>Project</th><th>Owner</th><th>Type</th><th>State</th><th>GPUs</th><th>GPU use</th><th>ETA</th><th>Age</th><th></th></tr></thead><tbody></tbody></table>
       <div id="detail"></div></section></div>`));
   main.querySelectorAll("[data-template]").forEach((b) => { b.onclick = () => showForm(b.dataset.template, projects); });
+  const filters = document.getElementById("filters");
+  filters.onchange = refreshList;
+  filters.user.oninput = refreshList;
+  filters.onsubmit = (ev) => { ev.preventDefault(); refreshList(); };
   await refreshList();
-  if (mine === view) timer = setInterval(refreshList, 2000);
+  if (mine === state.view) state.timer = setInterval(refreshList, 2000);
 }
 
 async function showForm(type, projects) {
@@ -123,7 +109,9 @@ async function showForm(type, projects) {
     <label><span>GPU</span><select name="kind"><option value="fraction">a fraction of one GPU</option><option value="whole">whole GPUs</option><option value="memory">GPU memory (GiB)</option><option value="none">no GPU</option></select>
       <input name="amount" type="number" step="any" min="0" style="width:6rem"></label>
     ${type === "training" || type === "batch" ? `<label><span>Workers</span><input name="workers" type="number" min="1" value="1" style="width:6rem"></label>` : ""}
-    ${type === "notebook" ? "" : `<label><span>Command</span><input name="command" size="60" placeholder="python train.py --epochs 10"></label>`}
+    ${type === "notebook" ? "" : `<label><span>Command</span><input name="command" size="60" placeholder="${type === "batch" ? "python train.py --lr {value}" : "python train.py --epochs 10"}"></label>`}
+    ${type === "batch" ? `<label><span>Values</span><input name="values" size="40" placeholder="0.1, 0.01, 0.001"></label>
+      <p class="reason">One trial per value, named &lt;name&gt;-0, -1, …: <code>{value}</code> in the command is replaced by the trial's value (quoted for the shell); SWEEP_INDEX and SWEEP_VALUE are in its environment.</p>` : ""}
     <button>Submit</button> <span id="submit-err" class="error"></span></form>`));
   const form = document.getElementById("submit");
   form.kind.value = defaults[0];
@@ -157,35 +145,65 @@ async function showForm(type, projects) {
     if (f.get("workers")) body.workers = Number(f.get("workers"));
     if (f.get("command")) body.command = ["sh", "-c", f.get("command")];
     try {
-      await api("/api/v1/workloads", { method: "POST", body });
+      if (type === "batch" && String(f.get("values") || "").trim()) await sweep(body, String(f.get("values")));
+      else await api("/api/v1/workloads", { method: "POST", body });
       box.replaceChildren();
       await refreshList();
     } catch (e) { document.getElementById("submit-err").textContent = e.message; }
   };
 }
 
+// A batch sweep: one workload per value, <base>-0..N-1, each with the value put into its command. The values are
+// the user's own, but quoted for the shell all the same, so a value is one argument and never more commands.
+const shellQuote = (v) => `'${v.replace(/'/g, "'\\''")}'`;
+export function sweepBodies(body, valuesText) {
+  const values = valuesText.split(",").map((v) => v.trim()).filter((v) => v !== "");
+  const base = body.name || `sweep-${Date.now().toString(36)}`;
+  const command = body.command ? body.command[2] : "";
+  if (!command.includes("{value}")) throw new Error("the command needs {value} where each trial's value goes");
+  return values.map((v, i) => ({
+    ...body, name: `${base}-${i}`, command: ["sh", "-c", command.replaceAll("{value}", shellQuote(v))],
+    env: { ...(body.env || {}), SWEEP_INDEX: String(i), SWEEP_VALUE: v },
+  }));
+}
+
+async function sweep(body, valuesText) {
+  const bodies = sweepBodies(body, valuesText);
+  if (!bodies.length) throw new Error("give at least one value, separated by commas");
+  for (const [i, b] of bodies.entries()) {
+    try { await api("/api/v1/workloads", { method: "POST", body: b }); } catch (e) {
+      throw new Error(`trial ${b.name} (${i + 1} of ${bodies.length}): ${e.message}${i ? `; ${i} submitted before it` : ""}`);
+    }
+  }
+}
+
 async function refreshList() {
   const tbody = document.querySelector("#list tbody");
   if (!tbody) return;
-  const page = await api("/api/v1/workloads?limit=200");
+  const f = new FormData(document.getElementById("filters"));
+  const params = new URLSearchParams({ limit: "200" });
+  for (const k of ["project", "state", "user"]) if (f.get(k)) params.set(k, String(f.get(k)).trim());
+  const page = await api(`/api/v1/workloads?${params}`);
+  if (document.querySelector("#list tbody") !== tbody) return;
   tbody.replaceChildren(...page.items.map((w) => {
-    const tr = el(`<tr data-name="${esc(w.name)}"><td>${esc(w.name)}</td><td>${esc(w.project)}</td><td>${esc(w.type)}</td>
+    const tr = el(`<tr data-name="${esc(w.name)}"><td><a class="wl-link"></a></td><td>${esc(w.project)}</td><td class="owner">${esc(w.owner)}</td><td>${esc(w.type)}</td>
       <td><span class="state ${esc(w.state)}">${esc(w.state)}</span><div class="reason" title="${esc(w.reason)}">${esc(QUEUED.includes(w.state) ? w.reason_short || w.reason : w.reason)}</div></td>
       <td>${esc(w.gpu_request)}${w.node ? `<div class="reason">${esc(w.node)}: ${w.devices.join(",")}</div>` : ""}</td>
       <td>${w.gpu_util_pct === null ? "–" : `<span class="bar"><i style="width:${Number(w.gpu_util_pct)}%"></i></span> ${Number(w.gpu_util_pct)}%`}</td>
       <td class="eta">${eta(w)}</td><td>${age(w.created_at)}</td><td class="actions"></td></tr>`);
+    const link = tr.querySelector(".wl-link");
+    link.href = pageOf(w);
+    link.textContent = w.name;
     const actions = tr.querySelector(".actions");
     const add = (label, cls, fn) => { const b = el(`<button class="${cls}">${label}</button>`); b.onclick = fn; actions.append(b, " "); };
     if ((w.type === "notebook" || w.type === "inference") && w.state === "running") add("Open", "", () => openWorkload(w));
     if (QUEUED.includes(w.state)) add("Why", "secondary", () => showWhy(w));
     add("Logs", "secondary", () => showLogs(w));
     if (w.state === "suspended") add("Resume", "", () => act(w, "resume"));
-    if (!["succeeded", "failed", "cancelled"].includes(w.state)) add("Cancel", "danger", () => act(w, "cancel"));
+    if (!TERMINAL.includes(w.state)) add("Cancel", "danger", () => { if (window.confirm(`Cancel ${w.name}? Its processes are stopped.`)) act(w, "cancel"); });
     return tr;
   }));
 }
-
-const QUEUED = ["pending", "preempted", "suspended"];
 
 // A queued workload's estimated start, relative, with what it rests on (declared durations, history, none).
 function eta(w) {
@@ -214,29 +232,6 @@ async function showWhy(w) {
   if (advice) box.querySelector("#why").append(advice);
 }
 
-// Right-sizing advice from its telemetry (the server's rule: gpupool.services.rightsizing), as `describe` words it.
-function adviceLine(d) {
-  if (!d.rightsizing) return null;
-  const p = el(`<p class="advice" id="advice"><strong>Right-size:</strong> </p>`);
-  p.append(flagged(d.rightsizing.message));
-  return p;
-}
-
-// A server message with `--flags` in backticks: the flags as code, every part a text node.
-function flagged(message) {
-  const out = document.createDocumentFragment();
-  String(message).split("`").forEach((part, i) => {
-    if (!part) return;
-    if (i % 2 === 0) { out.append(document.createTextNode(part)); return; }
-    const code = document.createElement("code");
-    code.textContent = part;
-    out.append(code);
-  });
-  return out;
-}
-
-const ref = (w) => `/api/v1/workloads/${encodeURIComponent(w.name)}?project=${encodeURIComponent(w.project)}`;
-
 async function act(w, verb) {
   await api(`/api/v1/workloads/${encodeURIComponent(w.name)}/${verb}?project=${encodeURIComponent(w.project)}`, { method: "POST" });
   await refreshList();
@@ -264,41 +259,13 @@ async function showLogs(w) {
   let offset = 0;
   const poll = async () => {
     if (!document.body.contains(pre)) return;
-    const res = await fetch(`/api/v1/workloads/${encodeURIComponent(w.name)}/logs?project=${encodeURIComponent(w.project)}&offset=${offset}`, { headers: { Authorization: `Bearer ${token()}` } });
+    const res = await call(`/api/v1/workloads/${encodeURIComponent(w.name)}/logs?project=${encodeURIComponent(w.project)}&offset=${offset}`);
     if (!res.ok) return;
     offset = Number(res.headers.get("X-Next-Offset"));
     pre.append(document.createTextNode(await res.text()));
     if (!["succeeded", "failed", "cancelled"].includes(res.headers.get("X-Workload-State"))) setTimeout(poll, 1000);
   };
   await poll();
-}
-
-// ---- charts (hand-made SVG) ---------------------------------------------------------------------------------
-function lineChart(points, series, { height = 180, width = 900 } = {}) {
-  if (!points.length) return el(`<p class="reason">No usage recorded in this period yet.</p>`);
-  const max = Math.max(1, ...points.flatMap((p) => series.map((s) => s.get(p))));
-  const t0 = points[0].at, t1 = Math.max(points[points.length - 1].at, t0 + 60);
-  const x = (t) => 40 + ((t - t0) / (t1 - t0)) * (width - 60), y = (v) => height - 20 - (v / max) * (height - 40);
-  const paths = series.map((s) => `<polyline fill="none" stroke="${s.color}" stroke-width="2" points="${points.map((p) => `${x(p.at)},${y(s.get(p))}`).join(" ")}"/>`).join("");
-  const legend = series.map((s) => `<i style="background:${s.color}"></i>${esc(s.label)}`).join("");
-  return el(`<div><svg viewBox="0 0 ${width} ${height}" width="100%" role="img">
-    <line x1="40" y1="${height - 20}" x2="${width - 20}" y2="${height - 20}" stroke="#ccc"/>
-    <text x="4" y="${y(max) + 4}">${fmt(max, 1)}</text><text x="4" y="${height - 16}">0</text>
-    <text x="40" y="${height - 4}">${new Date(t0 * 1000).toLocaleTimeString()}</text>
-    <text x="${width - 110}" y="${height - 4}">${new Date(t1 * 1000).toLocaleTimeString()}</text>${paths}</svg>
-    <div class="legend">${legend}</div></div>`);
-}
-
-function barChart(rows, bars, { width = 900 } = {}) {
-  const max = Math.max(0.0001, ...rows.map((r) => bars.reduce((a, b) => a + b.get(r), 0)));
-  const h = 26 * rows.length + 10;
-  const body = rows.map((r, i) => {
-    let x = 160;
-    const parts = bars.map((b) => { const w = (b.get(r) / max) * (width - 260); const rect = `<rect x="${x}" y="${i * 26 + 4}" width="${w}" height="18" fill="${b.color}"/>`; x += w; return rect; }).join("");
-    return `<text x="4" y="${i * 26 + 17}">${esc(r.key ?? r.queue)}</text>${parts}<text x="${x + 6}" y="${i * 26 + 17}">${fmt(bars.reduce((a, b) => a + b.get(r), 0))}</text>`;
-  }).join("");
-  return el(`<div><svg viewBox="0 0 ${width} ${h}" width="100%" role="img">${body}</svg>
-    <div class="legend">${bars.map((b) => `<i style="background:${b.color}"></i>${esc(b.label)}`).join("")}</div></div>`);
 }
 
 // ---- cluster ---------------------------------------------------------------------------------------------
@@ -329,7 +296,7 @@ async function clusterPage(mine) {
 // ---- quotas ----------------------------------------------------------------------------------------------
 async function quotasPage(mine) {
   const shares = await api("/api/v1/shares");
-  const admin = me.role === "admin";
+  const admin = state.me.role === "admin";
   const sec = el(`<section><h2>Quotas</h2><table id="quotas"><thead><tr><th>Department / project</th><th>Pool</th><th>Deserved</th><th>Fair share</th><th>In use</th><th>Limit</th><th>Pending demand</th>${admin ? "<th></th>" : ""}</tr></thead><tbody></tbody></table><p id="quota-err" class="error"></p></section>`);
   const tbody = sec.querySelector("tbody");
   for (const s of shares) {
@@ -427,28 +394,32 @@ async function costsPage(mine) {
 const PAGES = { workloads: workloadsPage, cluster: clusterPage, quotas: quotasPage, waste: wastePage, costs: costsPage };
 
 async function route() {
-  clearInterval(timer);
-  const mine = ++view;
-  const page = location.hash.replace("#/", "").split("?")[0] || "workloads";
+  clearInterval(state.timer);
+  const mine = ++state.view;
+  const [page, ...rest] = (location.hash.replace("#/", "").split("?")[0] || "workloads").split("/");
   if (page === "sso") { await ssoExchange(); return; }
-  if (!token() || !me) { if (token()) { try { await start(); } catch (e) { loginPage(); } return; } loginPage(); return; }
+  if (page === "login") { loginPage(); return; }
+  // Signed in or not is the session cookie's to say (HttpOnly: only the server reads it), so a new tab asks.
+  if (!state.me) { try { await start(); } catch (e) { if (mine === state.view) loginPage(); } return; }
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === page));
-  try { await (PAGES[page] || workloadsPage)(mine); } catch (e) {
-    if (!(e instanceof Stale) && e.message !== "signed out" && mine === view) main.replaceChildren(el(`<p class="error">${esc(e.message)}</p>`));
+  const draw = page === "workloads" && rest.length === 2 ? (m) => workloadPage(m, decodeURIComponent(rest[0]), decodeURIComponent(rest[1])) : PAGES[page] || workloadsPage;
+  try { await draw(mine); } catch (e) {
+    if (!(e instanceof Stale) && e.message !== "signed out" && mine === state.view) main.replaceChildren(el(`<p class="error">${esc(e.message)}</p>`));
   }
 }
 
 async function start() {
-  me = await api("/api/v1/whoami");
+  const me = await api("/api/v1/whoami");
+  state.me = me;
   document.getElementById("who").textContent = `${me.name} (${me.role})`;
   document.getElementById("nav").hidden = false;
   document.getElementById("signout").hidden = false;
-  if (!location.hash || location.hash.startsWith("#/login")) location.hash = "#/workloads"; else await route();
+  if (!location.hash || location.hash.startsWith("#/login") || location.hash.startsWith("#/sso")) location.hash = "#/workloads"; else await route();
 }
 
 document.getElementById("signout").onclick = async () => {
-  // A session from the sign-in form ends on the server too (and its cookie for /apps/ with it).
-  if ((token() || "").startsWith("gps_")) { try { await api("/api/v1/logout", { method: "POST" }); } catch (e) { /* gone already */ } }
+  // A session from the sign-in form ends on the server too; either way the server clears the session's cookies.
+  try { await api("/api/v1/logout", { method: "POST" }); } catch (e) { /* gone already */ }
   document.getElementById("nav").hidden = true;
   document.getElementById("signout").hidden = true;
   document.getElementById("who").textContent = "";
