@@ -4,8 +4,10 @@ sessions is tests/api/test_access.py's."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -229,3 +231,14 @@ async def test_a_workloads_metrics_are_its_usage_minutes(api: Api, http: httpx.A
     r = await http.get(f"/api/v1/workloads/{job['name']}/metrics", params={"project": proj, "start": 10, "end": 5},
                        headers=make.admin.auth)  # fmt: skip
     assert (r.status_code, r.json()) == (422, {"detail": "the period is empty: 'end' must be after 'start'"})
+
+
+async def test_the_server_serves_uplot_as_npm_installed_it(http: httpx.AsyncClient) -> None:
+    portal = Path(__file__).resolve().parents[3] / "src" / "gpupool" / "portal"
+    pinned = json.loads((portal / "package-lock.json").read_text())["packages"]["node_modules/uplot"]["version"]
+    installed = portal / "node_modules" / "uplot"
+    assert json.loads((installed / "package.json").read_text())["version"] == pinned == "1.6.32"
+    r = await http.get("/portal/vendor/uPlot.esm.js")
+    assert (r.status_code, r.content) == (200, (installed / "dist" / "uPlot.esm.js").read_bytes())
+    assert r.headers["content-type"].split(";")[0] in ("text/javascript", "application/javascript")
+    assert (await http.get("/portal/vendor/uPlot.min.css")).status_code == 200
