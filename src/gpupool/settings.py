@@ -88,9 +88,14 @@ class Settings(BaseSettings):
     interval_s: float = Field(2.0, gt=0)
     """The loop also runs on every submit, cancel and process exit; this is the longest it waits."""
     grace_s: float = Field(30.0, ge=0)
+    """Default time between SIGTERM and SIGKILL when a workload is evicted or cancelled."""
     max_code_mib: int = Field(100, ge=1, le=10_240)
     """The largest code tree (MiB) a workload may take with it; the client checks it before uploading."""
-    """Default time between SIGTERM and SIGKILL when a workload is evicted or cancelled."""
+    workdir_retention_s: float = Field(7 * 86400, ge=0)
+    """How long a finished workload's working directory is kept (for `gpupool cp`) before the leader removes it;
+    its logs stay. Volumes are never collected."""
+    max_volume_gib: int = Field(10 * 1024, ge=1)
+    """The largest project volume (GiB) a member may create."""
     telemetry_interval_s: float = Field(5.0, gt=0)
     """How often GPU activity is sampled and usage charged."""
     prices: dict[str, float] = Field(default_factory=dict)

@@ -18,8 +18,6 @@ from gpupool.store.tables import WorkloadRow
 
 MAX_TRANSFER = 512 * 2**20
 """The most one `cp` moves either way (a file, or a directory's tar)."""
-DEFAULT_RETENTION_S = 7 * 86400
-"""How long a finished workload's working directory is kept, where the settings name no workdir_retention."""
 
 
 class Gone(ServiceError):
@@ -30,11 +28,6 @@ class _Files(Protocol):
     def list(self, rel: str) -> list[Any]: ...
     def read(self, rel: str, max_bytes: int) -> tuple[bytes, bool]: ...
     def extract(self, rel: str, data: bytes, max_bytes: int) -> tuple[int, int]: ...
-
-
-def retention_s(settings: object) -> float:
-    value = getattr(settings, "workdir_retention_s", None)
-    return DEFAULT_RETENTION_S if value is None else float(value)
 
 
 def _target(

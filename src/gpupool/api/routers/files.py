@@ -28,7 +28,7 @@ async def get_files(
 ) -> Response | list[FileEntry]:  # fmt: skip
     """A file's bytes, or a tar of a directory; `list=1`: the entries of a directory, for the portal. Running or
     finished (until its retention is over: 410 after)."""
-    keep = files.retention_s(ctx.settings)
+    keep = ctx.settings.workdir_retention_s
     if listing:
         out: list[FileEntry] = await run_in_threadpool(
             files.list_files, session, who, ctx.backend, ref, project, rank, path, keep
@@ -54,7 +54,7 @@ async def put_files(
             err = ServiceError(f"the upload is larger than {files.MAX_TRANSFER} bytes, the most cp takes")
             err.status = 413
             raise err
-    keep = files.retention_s(ctx.settings)
+    keep = ctx.settings.workdir_retention_s
     out: FilesPut = await run_in_threadpool(
         files.write_files, session, who, ctx.backend, ref, project, rank, path, bytes(body), keep
     )

@@ -22,8 +22,7 @@ ProjectQ = Annotated[str, Query(max_length=63)]
 @router.post("/volumes", response_model=VolumePublic, status_code=status.HTTP_201_CREATED)
 def create_volume(body: VolumeCreate, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> VolumePublic:
     """Its storage is made at the first mount (a workload's `--volume NAME:/path`), at the size asked."""
-    cap = getattr(ctx.settings, "max_volume_bytes", None) or volumes.MAX_VOLUME_BYTES
-    return volumes.create(session, who, body, int(cap))
+    return volumes.create(session, who, body, ctx.settings.max_volume_gib * 2**30)
 
 
 @router.get("/volumes", response_model=list[VolumePublic])
