@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -120,3 +121,27 @@ def test_a_batch_sweep_submits_one_trial_per_value(make_server: Callable[..., Se
     page.locator("#filters [name=state]").select_option("pending")
     page.locator("#filters [name=user]").fill("nobody")
     expect(page.locator("#list tbody tr")).to_have_count(0)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_finished_workloads_file_downloads_from_its_page(
+    make_server: Callable[..., Server], browser: Browser
+) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("department", "create", "research", "--deserved-gpus", "1")
+    s.cli("project", "create", "vision", "--department", "research", "--deserved-gpus", "1")
+    s.cli(
+        "submit", "-p", "vision", "--name", "eval", "--gpu", "0.5", "--", "sh", "-c", "mkdir out; echo 0.93 > out/acc"
+    )
+    s.wait_state("eval", "succeeded")
+    page = admin_page(browser, s.url, s.admin_token)
+    page.goto(f"{s.url}/#/workloads/vision/eval")
+    expect(page.locator("#wl-state")).to_have_text("succeeded")
+    page.locator("#file-list tr[data-path=out] a", has_text="out/").click()
+    row = page.locator("#file-list tr[data-path='out/acc']")
+    expect(row.locator("td").nth(1)).to_have_text("5 B")
+    with page.expect_download() as caught:
+        row.locator("a.download").click()
+    download = caught.value
+    assert (download.suggested_filename, Path(download.path()).read_text()) == ("acc", "0.93\n")
+    shot(page, "14-workload-files")

@@ -6,6 +6,7 @@ import { QUEUED, TERMINAL, adviceLine, api, call, el, esc, fmt, q, reasonOf, sho
 
 const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "–");
 const mib = (m) => (m >= 1024 ? `${fmt(m / 1024, 1)} GiB` : `${m} MiB`);
+const size = (b) => (b >= 1048576 ? mib(Math.round(b / 1048576)) : b >= 1024 ? `${fmt(b / 1024, 1)} KiB` : `${b} B`);
 
 export async function workloadPage(mine, project, name) {
   const base = `/api/v1/workloads/${q(name)}`, pq = `project=${q(project)}`;
@@ -130,7 +131,7 @@ async function files(d, box, url) {
     const head = el(`<p class="reason">/${esc(path)}</p>`);
     if (path) { const up = el(`<button class="secondary">Up</button>`); up.onclick = () => open(path.split("/").slice(0, -1).join("/")); head.append(" ", up); }
     for (const e of entries) {
-      const tr = el(`<tr data-path="${esc(e.path)}"><td></td><td>${e.kind === "dir" ? "–" : esc(mib(Math.ceil(e.size / 1048576)))}</td><td>${esc(when(e.mtime))}</td><td></td></tr>`);
+      const tr = el(`<tr data-path="${esc(e.path)}"><td></td><td>${e.kind === "dir" ? "–" : esc(size(e.size))}</td><td>${esc(when(e.mtime))}</td><td></td></tr>`);
       const href = `${url}${rankQ}&path=${q(e.path)}`;
       if (e.kind === "dir") {
         const b = el(`<a href="#"></a>`); b.textContent = `${e.path.split("/").pop()}/`; b.onclick = (ev) => { ev.preventDefault(); open(e.path); };
