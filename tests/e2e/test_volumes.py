@@ -1,6 +1,6 @@
-"""Project volumes against a real server: a volume written by one job is read by the next, its size is enforced by
-the kernel (a loop-mounted filesystem: a write past it fails with ENOSPC inside the job), it is refused deletion
-while a workload mounts it, and other tenants never see it."""
+"""Project volumes against a real server: a volume written by one job is read by the next (in an image too, through
+podman), its size is enforced by the kernel (a loop-mounted filesystem: a write past it fails with ENOSPC inside
+the job), it is refused deletion while a workload mounts it, and other tenants never see it."""
 
 from __future__ import annotations
 
@@ -12,18 +12,26 @@ from gpupool.client.client import ApiError
 from gpupool.models.accounts import UserCreate
 from gpupool.models.schemas import WorkloadCreate
 from gpupool.models.volumes import VolumeMount
+from tests.backends.test_environments import build_image
 from tests.e2e.conftest import Server
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+IMAGE = "localhost/gpupool-e2e-volumes-busybox:1"
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_image(tmp_path_factory.mktemp("image"), IMAGE)
 
 
 def _user(server: Server, name: str, project: str, role: str = "member") -> Client:
     return server.client(server.client().create_user(UserCreate(name=name, projects=[project], role=role)).token)
 
 
-def _job(c: Client, name: str, script: str, mount: str = "/data") -> WorkloadCreate:
-    return WorkloadCreate(project="vision", name=name, type="batch", command=["/bin/sh", "-c", script],
-                          volumes=[VolumeMount(name="scratch", path=mount)])  # fmt: skip
+def _job(c: Client, name: str, script: str, mount: str = "/data", image: str | None = None,
+         read_only: bool = False) -> WorkloadCreate:  # fmt: skip
+    return WorkloadCreate(project="vision", name=name, type="batch", command=["/bin/sh", "-c", script], image=image,
+                          volumes=[VolumeMount(name="scratch", path=mount, read_only=read_only)])  # fmt: skip
 
 
 def test_a_volume_outlives_its_writer_and_its_size_is_enforced(org_server: Server) -> None:
@@ -88,3 +96,19 @@ def test_submit_refuses_an_unknown_volume_and_a_bad_path(org_server: Server) -> 
     body = _job(ana, "j", "true").model_dump(mode="json") | {"volumes": [{"name": "scratch", "path": "data"}]}
     relative = ana._call("POST", "/api/v1/workloads", json=body, accept=(422,))
     assert relative.status_code == 422 and "volumes" in relative.text
+
+
+def test_an_image_job_mounts_the_volume_a_plain_job_wrote(org_server: Server, image: str) -> None:
+    s = org_server
+    ana = _user(s, "ana", "vision")
+    api.create_volume(ana, "vision", "scratch", "16MiB")
+    ana.submit(_job(ana, "plain", "echo from-plain > /data/note"))
+    assert s.wait_state("plain", "succeeded", "failed", timeout=60)["state"] == "succeeded"
+    ana.submit(_job(ana, "imaged", "cat /data/note && echo from-image > /data/back && id -u", image=image))
+    assert s.wait_state("imaged", "succeeded", "failed", timeout=60)["state"] == "succeeded", s.cli("logs", "imaged")
+    # The container runs as the project's identity, the one that owns the volume (700) on the host.
+    owner = (s.data_dir / "volumes" / "vision" / "scratch").stat().st_uid
+    assert s.cli("logs", "imaged").stdout == f"from-plain\n{owner}\n"
+    ana.submit(_job(ana, "ro", "cat /data/back; touch /data/x 2>&1; echo rc=$?", image=image, read_only=True))
+    assert s.wait_state("ro", "succeeded", "failed", timeout=60)["state"] == "succeeded"
+    assert s.cli("logs", "ro").stdout == "from-image\ntouch: /data/x: Read-only file system\nrc=1\n"

@@ -1,10 +1,11 @@
 """A member in an OCI image, run through podman (Debian's) with the sandbox's confinement kept.
 
 The container runs as the project's identity with no capabilities and no_new_privs, a read-only root (podman
-mounts private tmpfs on /tmp, /var/tmp and /run), its working directory bound at its own path, its CPU and memory
-requests as limits, and only the GPUs of its allocation: through CDI (`nvidia.com/gpu=<index>`) where the NVIDIA
-container toolkit has written a spec, their device nodes otherwise, and for simulated GPUs the same variables a
-member without an image gets. Images come from the host's own storage only (`--pull=never`): nothing is fetched.
+mounts private tmpfs on /tmp, /var/tmp and /run), its working directory bound at its own path, its project volumes
+bound at theirs (read-only where asked), its CPU and memory requests as limits, and only the GPUs of its
+allocation: through CDI (`nvidia.com/gpu=<index>`) where the NVIDIA container toolkit has written a spec, their
+device nodes otherwise, and for simulated GPUs the same variables a member without an image gets. Images come
+from the host's own storage only (`--pull=never`): nothing is fetched.
 
 The container is named after its allocation (`gpupool-<alloc>`), so a second start of one launch is refused by
 podman itself; `podman run` stays attached in the member's wrapper, so the wrapper's lock says whether it runs
@@ -52,6 +53,8 @@ class Container:
     """Why it cannot run in an image here (the member then ends at once, saying so)."""
     reason_file: str = "/dev/null"
     """Where a member that cannot start writes why (its run dir's reason file: see runs.py)."""
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    """Project volumes: (host directory, path inside, read-only), bound as the sandbox binds them."""
 
 
 def name(alloc_id: str) -> str:
@@ -83,6 +86,10 @@ def argv(c: Container, command: tuple[str, ...]) -> tuple[str, ...]:
     words = [exe, *global_options(), "run", "--rm", "--name", c.name, "--pull=never", "--log-driver=none"]
     words += ["--user", f"{c.uid}:{c.gid}", "--cap-drop=all", "--security-opt=no-new-privileges", "--read-only"]
     words += ["--network=host", "-v", f"{c.workdir}:{c.workdir}", "-w", c.workdir, "-e", f"HOME={c.workdir}"]
+    for source, inside, read_only in c.mounts:
+        # The volume's directory is the project's uid's alone (700), the container runs as that uid: the same
+        # identity reaches it in an image as in the sandbox. podman makes the mount point in the image's root.
+        words += ["-v", f"{source}:{inside}:{'ro' if read_only else 'rw'}"]
     words += _ulimits()
     if c.memory_mib > 0:
         words.append(f"--memory={c.memory_mib}m")

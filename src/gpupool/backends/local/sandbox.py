@@ -288,8 +288,6 @@ class Sandbox:
         if not self.isolation.sandboxed:
             return ("volumes are mounted into a workload's sandbox, which a --single-user server does not make; "
                     "start the server as root without --single-user to use them")  # fmt: skip
-        if member.image is not None:
-            return "volumes are not yet mounted into an image's container on the local backend (leave out image)"
         hidden = (str(self.data_dir), str(member.workdir))
         for _, inside, _ in member.mounts:
             for h in hidden:
@@ -316,6 +314,7 @@ class Sandbox:
             memory_mib=member.memory_mib if self.isolation.limits.mode != "advisory" else 0,
             unsupported=_unsupported_in_image(member),
             reason_file=str(reason),
+            mounts=member.mounts,
         )
 
     def runs_python(self, module: str) -> bool:
