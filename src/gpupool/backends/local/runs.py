@@ -11,9 +11,13 @@ Each allocation has, in `<data>/run/`:
   server finds it by its lock.
 * `<alloc>.lock`, made with the intent. The server takes `flock(LOCK_EX)` on it before it starts the wrapper and
   hands the open file to the wrapper as its stdin, then closes its own descriptor: the lock is held exactly as
-  long as the wrapper lives, whoever its parent is by then. (The member gets /dev/null as stdin: it can neither
+  long as the wrapper lives, whoever its parent is by then. (The member gets another stdin, below: it can neither
   drop the lock nor keep it after the wrapper.) The wrapper marks the file started (its mode, a change of
   metadata that a full disk allows) before it runs the member.
+* `<alloc>.stdin`, for a moment: a FIFO the wrapper makes, opens read-write (on its descriptor STDIN_FD) and
+  removes at once; the member gets it as its stdin. `gpupool attach` (backends/local/shell.py) reaches it through
+  the wrapper's descriptor of it (`member_stdin`), never by a path: the member reads what attached
+  clients send, and never sees an end of its input (as a Kubernetes container with `stdin: true`).
 * `<alloc>.exit`, the member's exit status, which the wrapper writes when it ends (with the disk full it cannot:
   the server's own child's return code, which it reaps, says the same).
 * `<alloc>.reason`, why a member never ran, where it could say (its Python environment could not be built: uv's
@@ -42,6 +46,9 @@ from pathlib import Path
 
 INTENT_MODE = 0o600
 STARTED_MODE = 0o400
+STDIN_FD = 3
+"""The wrapper's descriptor of its member's stdin (a FIFO's read-write end), until it runs the member (its shell
+may move it then)."""
 REASON_LINES = 5
 REASON_BYTES = 1024
 """A failure's reason, as its event carries it: a few lines, at most 1 KiB (the whole story is in the log)."""
@@ -52,10 +59,11 @@ REASON_BYTES = 1024
 # default action back on exec) so it outlives the grace period and records how the member really ended. It runs
 # as the server's user, outside the sandbox, which is what lets it write the exit file where the member cannot.
 _WRAPPER = (
-    "trap : TERM INT; f=$1; n=$3; "
+    "trap : TERM INT; f=$1; s=${1%.exit}.stdin; n=$3; "
     f'chmod {STARTED_MODE:o} "$2" </dev/null || exit 125; shift 3; rc=0; '
+    f'rm -f "$s"; mkfifo -m 600 "$s" && exec {STDIN_FD}<>"$s" && rm -f "$s" || rc=125; '
     'while [ "$n" -gt 0 ]; do echo $$ > "$1" || rc=125; shift; n=$((n-1)); done; '
-    '[ $rc -eq 0 ] && { "$@" </dev/null; rc=$?; }; '
+    f'[ $rc -eq 0 ] && {{ "$@" <&{STDIN_FD} {STDIN_FD}<&-; rc=$?; }}; '
     'printf "%s" "$rc" > "$f.tmp" && mv "$f.tmp" "$f"; exit $rc'
 )
 
@@ -95,6 +103,22 @@ class RunDir:
 
     def exit_path(self, alloc_id: str) -> Path:
         return self.path / f"{alloc_id}.exit"
+
+    def stdin_path(self, alloc_id: str) -> Path:
+        """Where the wrapper makes its member's stdin FIFO, which it removes once open (see the docstring)."""
+        return self.path / f"{alloc_id}.stdin"
+
+    def member_stdin(self, alloc_id: str, wrapper_pid: int) -> str | None:
+        """A path that opens the member's stdin FIFO while its wrapper lives (for the server, root or the wrapper's
+        own user): the wrapper's descriptor of it, wherever its shell keeps it while the member runs."""
+        name = str(self.stdin_path(alloc_id))
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{wrapper_pid}/fd"):
+                link = f"/proc/{wrapper_pid}/fd/{fd}"
+                with contextlib.suppress(OSError):
+                    if os.readlink(link) in (name, f"{name} (deleted)") and stat.S_ISFIFO(os.stat(link).st_mode):
+                        return link
+        return None
 
     def wrapper(self, alloc_id: str, cgroups: tuple[str, ...]) -> list[str]:
         exit_file, lock = self.exit_path(alloc_id), self.lock_path(alloc_id)
@@ -174,7 +198,8 @@ class RunDir:
 
     def remove(self, alloc_id: str) -> None:
         # The record first: without it nothing is adopted, and what is left is swept at the next start.
-        paths = (self.record_path(alloc_id), self.exit_path(alloc_id), self.reason_path(alloc_id))
+        paths = (self.record_path(alloc_id), self.exit_path(alloc_id), self.reason_path(alloc_id),
+                 self.stdin_path(alloc_id))  # fmt: skip
         for path in (*paths, self.lock_path(alloc_id)):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -238,7 +263,7 @@ class RunDir:
         (Not a wrapper's exit file being written, `<alloc>.exit.tmp`: the wrapper may be about to rename it.)"""
         records = set(self.allocations())
         for path in self.path.iterdir():
-            orphan = path.suffix in (".lock", ".exit", ".reason") and path.stem not in records
+            orphan = path.suffix in (".lock", ".exit", ".reason", ".stdin") and path.stem not in records
             half_written = path.suffix == ".tmp" and ".json." in path.name
             if half_written or (orphan and not (path.suffix == ".lock" and _held(path))):
                 with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,148 @@
+"""Shells into running workloads on the local backend (sandboxed, the server as root): exec with and without a
+TTY, attach, port-forward, who may open them, and the audit trail of each session."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import GPUPOOL, Server, wait_for
+
+ECHO = "import sys\nfor line in sys.stdin:\n    print('echo:' + line.strip(), flush=True)\n"
+
+
+def _tenants(s: Server) -> tuple[str, str]:
+    s.cli("project", "create", "red", "--deserved-gpus", "1")
+    s.cli("project", "create", "blue", "--deserved-gpus", "1")
+    red = s.json("user", "create", "rita", "--project", "red")["token"]
+    blue = s.json("user", "create", "bob", "--project", "blue")["token"]
+    return red, blue
+
+
+def _env(s: Server, token: str) -> dict[str, str]:
+    return s.env | {"GPUPOOL_URL": s.url, "GPUPOOL_TOKEN": token}
+
+
+def _under_pty(s: Server, token: str, *args: str) -> tuple[int, str]:
+    """The CLI run with a pseudo-terminal as its stdin, stdout and stderr, as in a user's terminal."""
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.chdir(s.cwd)
+        os.execve(GPUPOOL, [GPUPOOL, *args], _env(s, token))
+    out = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1)
+        if not ready:
+            continue
+        try:
+            data = os.read(fd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_exec_runs_inside_the_members_sandbox_for_its_project_only(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:2xH100-80GB")
+    red, blue = _tenants(s)
+    vic = s.json("user", "create", "vic")["token"]
+    s.cli("member", "set", "red", "vic", "--role", "viewer")
+    s.cli("submit", "-p", "blue", "--name", "vault", "--env", "VAULT=1", "--",
+          "sh", "-c", "echo classified > secret.txt; exec sleep 601", token=blue)  # fmt: skip
+    s.cli("submit", "-p", "red", "--name", "job", "--env", "GREETING=hello", "--",
+          "sh", "-c", "echo mine > mine.txt; exec sleep 602", token=red)  # fmt: skip
+    vault = s.wait_state("vault", "running", timeout=60)
+    job = s.wait_state("job", "running", timeout=60)
+    vault_dir = s.data_dir / "workloads" / str(vault["id"])
+    job_dir = s.data_dir / "workloads" / str(job["id"])
+    wait_for(lambda: (job_dir / "mine.txt").exists() and (vault_dir / "secret.txt").exists(), 20, "the files")
+
+    # Its output, its exit status, its workdir, its environment (not the server's), its identity.
+    script = 'cat mine.txt; echo "$GREETING" "${GPUPOOL_URL:-no-url}"; id -u; echo oops >&2; exit 7'
+    done = s.cli("exec", "job", "--", "sh", "-c", script, token=red, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        7,
+        f"mine\nhello no-url\n{job_dir.stat().st_uid}\n",
+        "oops\n",
+    )
+    assert job_dir.stat().st_uid != 0
+
+    # Another project's processes and files are out of its sight.
+    peek = ("import os; print(sorted(open(f'/proc/{p}/cmdline','rb').read().replace(b'\\0', b' ').decode() "
+            "for p in os.listdir('/proc') if p.isdigit()))")  # fmt: skip
+    seen = s.cli("exec", "job", "--", "python3", "-c", peek, token=red).stdout
+    assert "sleep 602" in seen and "sleep 601" not in seen
+    cat = s.cli("exec", "job", "--", "cat", str(vault_dir / "secret.txt"), token=red, check=False)
+    assert cat.returncode == 1 and "No such file or directory" in cat.stderr
+
+    # A terminal, when the CLI has one.
+    code, out = _under_pty(s, red, "exec", "job", "--", "tty")
+    assert code == 0 and re.search(r"^/dev/pts/\d+\r?$", out, re.M), out
+
+    # Who may: a viewer is refused; another tenant is told there is no such workload.
+    viewer = s.cli("exec", "job", "-p", "red", "--", "true", token=vic, check=False)
+    assert (viewer.returncode, viewer.stderr) == (
+        1, "error: a project's viewers cannot open shells into its workloads; its members can\n"
+    )  # fmt: skip
+    other = s.cli("exec", "job", "-p", "red", "--", "true", token=blue, check=False)
+    assert (other.returncode, other.stderr) == (1, "error: no project named 'red'\n")
+    nothing = s.cli("exec", "vault", "--", "true", token=red, check=False)
+    assert (nothing.returncode, nothing.stderr) == (1, "error: no workload named 'vault'\n")
+
+    trail = [(a.actor, a.object, a.action, a.status) for a in s.client().audit(limit=50) if "rank" in a.action]
+    assert ("rita", "workload/job", f"exec rank 0: sh -c {shlex.quote(script)}"[:96], 101) in trail
+    assert ("rita", "workload/job", "exec rank 0: tty", 101) in trail
+    assert ("vic", "workload/job", "exec rank 0: true", 403) in trail
+    assert ("bob", "workload/job", "exec rank 0: true", 404) in trail
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_attach_talks_to_a_jobs_stdin_and_port_forward_reaches_its_server(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:2xH100-80GB")
+    red, _ = _tenants(s)
+    s.cli("project", "set", "red", "--production-allowed")
+    s.cli("submit", "-p", "red", "--name", "echoer", "--", "python3", "-u", "-c", ECHO, token=red)
+    (s.cwd / "index.html").write_text("hello from inside\n")
+    s.cli("submit", "-p", "red", "--type", "inference", "--name", "web", "--port", "8123", "--",
+          "python3", "-m", "http.server", "8123", "--bind", "127.0.0.1", token=red)  # fmt: skip
+    s.wait_state("echoer", "running", timeout=60)
+    s.wait_state("web", "running", timeout=60)
+
+    attach = subprocess.Popen([GPUPOOL, "attach", "echoer"], env=_env(s, red), cwd=s.cwd, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    forward = subprocess.Popen([GPUPOOL, "port-forward", "web", "0:8123"], env=_env(s, red), cwd=s.cwd,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert attach.stdin is not None and attach.stdout is not None
+        attach.stdin.write(b"hello\n")
+        attach.stdin.flush()
+        assert attach.stdout.readline() == b"echo:hello\n"
+        assert "echo:hello\n" in s.cli("logs", "echoer", token=red).stdout
+
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        port = int(re.fullmatch(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8123\n", line)[1])  # type: ignore[index]
+        got = httpx.get(f"http://127.0.0.1:{port}/index.html", timeout=30)
+        assert (got.status_code, got.text) == (200, "hello from inside\n")
+    finally:
+        for p in (attach, forward):
+            p.kill()
+            p.wait(10)
+    trail = [(a.actor, a.object, a.action, a.status) for a in s.client().audit(limit=50) if "rank" in a.action]
+    assert ("rita", "workload/echoer", "attach rank 0", 101) in trail
+    assert ("rita", "workload/web", "port-forward rank 0: port 8123", 101) in trail
