@@ -14,6 +14,7 @@ from gpupool.models.attempts import ApplyResult
 from gpupool.models.schemas import Page, UsageReport, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.models.wire import INT32_MAX, INT64_MAX, NO_NUL, UNIX_MAX, UNIX_MIN, WorkloadState
 from gpupool.services import logs, reports, reruns, workloads
+from gpupool.services.apps import SESSION_COOKIE
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid
 
@@ -179,7 +180,9 @@ async def workload_logs(
     if rank >= row.workers:
         raise Invalid(f"{row.name!r} has {row.workers} member(s); rank {rank} does not exist")
     if follow:
-        token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        # The credential this request came with (bearer, or the portal's session cookie), checked again as it goes.
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        token = bearer.strip() if scheme.lower() == "bearer" else request.cookies.get(SESSION_COOKIE, "")
         project_id = row.project_id
 
         def allowed() -> bool:
