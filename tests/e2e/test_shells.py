@@ -113,7 +113,7 @@ def test_exec_runs_inside_the_members_sandbox_for_its_project_only(make_server: 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_attach_talks_to_a_jobs_stdin_and_port_forward_reaches_its_server(make_server: Callable[..., Server]) -> None:
-    s = make_server("fake:2xH100-80GB")
+    s = make_server("fake:2xH100-80GB", "--app-recheck", "1")
     red, _ = _tenants(s)
     s.cli("project", "set", "red", "--production-allowed")
     s.cli("submit", "-p", "red", "--name", "echoer", "--", "python3", "-u", "-c", ECHO, token=red)
@@ -139,6 +139,12 @@ def test_attach_talks_to_a_jobs_stdin_and_port_forward_reaches_its_server(make_s
         port = int(re.fullmatch(r"Forwarding from 127\.0\.0\.1:(\d+) -> 8123\n", line)[1])  # type: ignore[index]
         got = httpx.get(f"http://127.0.0.1:{port}/index.html", timeout=30)
         assert (got.status_code, got.text) == (200, "hello from inside\n")
+
+        # Taken out of the project, she loses the session she has open.
+        s.cli("member", "remove", "red", "rita")
+        assert attach.wait(30) == 1
+        assert attach.stderr is not None
+        assert attach.stderr.read() == b"gpupool: you may no longer use this workload's shells\n"
     finally:
         for p in (attach, forward):
             p.kill()

@@ -44,7 +44,11 @@ def exec_(
         async with ws:
             return await interact(ws, want_tty)
 
-    raise typer.Exit(asyncio.run(run()))
+    try:
+        code = asyncio.run(run())
+    except KeyboardInterrupt:
+        code = 130
+    raise typer.Exit(code)
 
 
 def attach(name: str, rank: RankOpt = 0, project: ProjectOpt = None) -> None:

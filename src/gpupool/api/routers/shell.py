@@ -26,14 +26,16 @@ the rest its payload. Text frames are ignored.
                                signal N), or empty where it is unknown. The server closes the websocket after it.
 
 A client that closes the websocket ends an exec (its process is killed) or a port-forward connection; it only
-detaches from an attach (the workload runs on).
+detaches from an attach (the workload runs on). The caller's right is checked again every `app_recheck_s`
+seconds (as for app connections): a revoked token or a member taken out of the project loses open sessions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from fastapi import APIRouter, WebSocket
 from fastapi.concurrency import run_in_threadpool
@@ -41,8 +43,18 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
 from gpupool.api.deps import Context, plausible_token
-from gpupool.backends.shell import EXIT, RESIZE, STDIN, ShellError, ShellSession, ShellTarget, parse_resize, shells_for
-from gpupool.services import shell
+from gpupool.backends.shell import (
+    EXIT,
+    RESIZE,
+    STDERR,
+    STDIN,
+    ShellError,
+    ShellSession,
+    ShellTarget,
+    parse_resize,
+    shells_for,
+)
+from gpupool.services import apps, shell
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid, ServiceError
 
@@ -133,10 +145,29 @@ async def _serve(
     except BaseException:
         session.close()
         raise
-    await _pump(ws, session)
+    await _pump(ws, session, _recheck(ctx, ws, target.workload_id))
 
 
-async def _pump(ws: WebSocket, session: ShellSession) -> None:
+def _recheck(ctx: Context, ws: WebSocket, workload_id: int) -> Callable[[], Coroutine[Any, Any, None]]:
+    """Returns when the caller may no longer open this session (signed out, token revoked, taken out of the
+    project): an open shell does not outlive the right to open it by more than `app_recheck_s`."""
+
+    async def watch() -> None:
+        def allowed() -> bool:
+            with ctx.sessions() as s:
+                token = ws.headers.get("authorization", "").partition(" ")[2]
+                who = ctx.principals.get(s, token.strip())
+                return who is not None and apps.still_allowed(s, who, workload_id)
+
+        while True:
+            await asyncio.sleep(ctx.settings.app_recheck_s)
+            if not await run_in_threadpool(allowed):
+                return
+
+    return watch
+
+
+async def _pump(ws: WebSocket, session: ShellSession, recheck: Callable[[], Coroutine[Any, Any, None]]) -> None:
     async def inbound() -> None:
         broken = False  # the process's input is gone (it ended, or closed it): further input is dropped
         while True:
@@ -163,9 +194,13 @@ async def _pump(ws: WebSocket, session: ShellSession) -> None:
             if channel == EXIT:
                 return
 
-    tasks = [asyncio.create_task(inbound()), asyncio.create_task(outbound())]
+    tasks = [asyncio.create_task(inbound()), asyncio.create_task(outbound()), asyncio.create_task(recheck())]
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if tasks[2] in done:
+            with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+                await ws.send_bytes(bytes([STDERR]) + b"gpupool: you may no longer use this workload's shells\n")
+                await ws.send_bytes(bytes([EXIT]))
     finally:
         for t in tasks:
             t.cancel()
