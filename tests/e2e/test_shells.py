@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from tests.e2e.conftest import GPUPOOL, Server, wait_for
 
@@ -104,6 +106,12 @@ def test_exec_runs_inside_the_members_sandbox_for_its_project_only(make_server: 
     nothing = s.cli("exec", "vault", "--", "true", token=red, check=False)
     assert (nothing.returncode, nothing.stderr) == (1, "error: no workload named 'vault'\n")
 
+    rank = s.cli("exec", "job", "--rank", "5", "--", "true", token=red, check=False)
+    assert (rank.returncode, rank.stderr) == (1, "error: 'job' has no running member of rank 5\n")
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"{s.url.replace('http', 'ws')}/api/v1/workloads/job/exec?command=true", open_timeout=10)
+    assert refused.value.response.status_code == 401
+
     trail = [(a.actor, a.object, a.action, a.status) for a in s.client().audit(limit=50) if "rank" in a.action]
     assert ("rita", "workload/job", f"exec rank 0: sh -c {shlex.quote(script)}"[:96], 101) in trail
     assert ("rita", "workload/job", "exec rank 0: tty", 101) in trail
@@ -152,3 +160,16 @@ def test_attach_talks_to_a_jobs_stdin_and_port_forward_reaches_its_server(make_s
     trail = [(a.actor, a.object, a.action, a.status) for a in s.client().audit(limit=50) if "rank" in a.action]
     assert ("rita", "workload/echoer", "attach rank 0", 101) in trail
     assert ("rita", "workload/web", "port-forward rank 0: port 8123", 101) in trail
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_exec_on_a_single_user_server_runs_in_the_workdir_with_the_workloads_environment(
+    make_server: Callable[..., Server],
+) -> None:
+    s = make_server("fake:1xH100-80GB", "--single-user")
+    s.cli("project", "create", "solo", "--deserved-gpus", "1")
+    s.cli("submit", "-p", "solo", "--name", "job", "--env", "GREETING=hi", "--", "sleep", "603")
+    job = s.wait_state("job", "running", timeout=60)
+    done = s.cli("exec", "job", "--", "sh", "-c", 'pwd; echo "$GREETING"; id -u; exit 3', check=False)
+    workdir = s.data_dir / "workloads" / str(job["id"])
+    assert (done.returncode, done.stdout, done.stderr) == (3, f"{workdir}\nhi\n{os.geteuid()}\n", "")
