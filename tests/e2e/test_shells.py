@@ -3,12 +3,15 @@ TTY, attach, port-forward, who may open them, and the audit trail of each sessio
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import re
 import select
 import shlex
+import struct
 import subprocess
+import termios
 import time
 from collections.abc import Callable
 
@@ -38,6 +41,7 @@ def _under_pty(s: Server, token: str, *args: str) -> tuple[int, str]:
     """The CLI run with a pseudo-terminal as its stdin, stdout and stderr, as in a user's terminal."""
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))  # a 100x40 terminal
         os.chdir(s.cwd)
         os.execve(GPUPOOL, [GPUPOOL, *args], _env(s, token))
     out = b""
@@ -93,8 +97,8 @@ def test_exec_runs_inside_the_members_sandbox_for_its_project_only(make_server: 
     assert cat.returncode == 1 and "No such file or directory" in cat.stderr
 
     # A terminal, when the CLI has one.
-    code, out = _under_pty(s, red, "exec", "job", "--", "tty")
-    assert code == 0 and re.search(r"^/dev/pts/\d+\r?$", out, re.M), out
+    code, out = _under_pty(s, red, "exec", "job", "--", "sh", "-c", "tty; stty size; exit 4")
+    assert code == 4 and re.fullmatch(r"/dev/pts/\d+\r\n40 100\r\n", out), out
 
     # Who may: a viewer is refused; another tenant is told there is no such workload.
     viewer = s.cli("exec", "job", "-p", "red", "--", "true", token=vic, check=False)
@@ -114,7 +118,7 @@ def test_exec_runs_inside_the_members_sandbox_for_its_project_only(make_server: 
 
     trail = [(a.actor, a.object, a.action, a.status) for a in s.client().audit(limit=50) if "rank" in a.action]
     assert ("rita", "workload/job", f"exec rank 0: sh -c {shlex.quote(script)}"[:96], 101) in trail
-    assert ("rita", "workload/job", "exec rank 0: tty", 101) in trail
+    assert ("rita", "workload/job", "exec rank 0: sh -c 'tty; stty size; exit 4'", 101) in trail
     assert ("vic", "workload/job", "exec rank 0: true", 403) in trail
     assert ("bob", "workload/job", "exec rank 0: true", 404) in trail
 
