@@ -112,3 +112,4 @@ def test_an_image_job_mounts_the_volume_a_plain_job_wrote(org_server: Server, im
     ana.submit(_job(ana, "ro", "cat /data/back; touch /data/x 2>&1; echo rc=$?", image=image, read_only=True))
     assert s.wait_state("ro", "succeeded", "failed", timeout=60)["state"] == "succeeded"
     assert s.cli("logs", "ro").stdout == "from-image\ntouch: /data/x: Read-only file system\nrc=1\n"
+    api.delete_volume(ana, "vision", "scratch")  # unmounted: nothing outlives the test

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gpupool.core import Node
 
@@ -107,6 +107,74 @@ class Sample:
     """True where activity is modelled from CPU use (simulated GPUs) rather than read from the driver."""
 
 
+class FilesError(Exception):
+    """A workload's files refused or out of reach: the message says why, `status` is the HTTP status it means (a
+    path outside or a link on the way 422, absent 404, too large 413, a member that cannot be reached 409)."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    path: str
+    """Relative to the working directory."""
+    kind: Literal["file", "dir", "link", "other"]
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class FilesTarget:
+    """The member whose working directory `cp` reaches (the API checked who may)."""
+
+    workload_id: int
+    workload: str
+    project: str
+    project_id: int
+    rank: int
+    alloc_id: str | None
+    """Its allocation while it runs; None once it has ended (or before it started)."""
+
+
+class WorkloadFiles(Protocol):
+    """One member's working directory as `cp` reaches it; every path is relative to it. Refusals raise FilesError."""
+
+    def list(self, rel: str) -> list[FileEntry]:
+        """The entries of a directory (one level), or the one entry of a file."""
+
+    def read(self, rel: str, max_bytes: int) -> tuple[bytes, bool]:
+        """A file's bytes, or a tar of a directory (links as links); and whether it is a tar."""
+
+    def extract(self, rel: str, data: bytes, max_bytes: int) -> tuple[int, int]:
+        """A tar's regular files and directories put under `rel`; (files, bytes)."""
+
+
+class Storage(Protocol):
+    """What a backend keeps of workloads beyond their runs (working directories, volumes), as the API and the
+    leader's housekeeping reach it: through `Capabilities.storage`, so a backend without any needs none of this."""
+
+    def workload_files(self, target: FilesTarget) -> WorkloadFiles | None:
+        """The member's working directory for `cp`; None where it has none (any more). Raises FilesError (409)
+        where this backend cannot reach it, saying why (a Kubernetes pod that has ended)."""
+
+    def workdir_collected(self, workload_id: int) -> bool:
+        """Whether its working directory was removed at the end of its retention (cp then answers 410)."""
+
+    def workdir_ids(self) -> list[int]:
+        """The workloads whose working directories this backend keeps after they end (none on Kubernetes)."""
+
+    def collect_workdir(self, workload_id: int) -> None:
+        """Remove a finished workload's working directory once its retention is over (the leader asks)."""
+
+    def discard(self, workload_id: int) -> None:
+        """A deleted workload's files go (the API's delete asks; a live workload's are never asked for)."""
+
+    def delete_volume(self, volume: VolumeSpec) -> None:
+        """A deleted volume's storage goes (never made, because never mounted, is fine)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     name: str
@@ -116,6 +184,9 @@ class Capabilities:
     isolation: dict[str, str] = field(default_factory=dict)
     """What this backend enforces between tenants (identity, filesystem, processes, apps, cpu_memory), in words;
     'advisory' where it does not."""
+    storage: Storage | None = field(default=None, compare=False, repr=False)
+    """Where its workloads' files and volumes are reached (the backend itself, typically); None: it keeps none
+    (`cp` answers 409, a deleted volume or workload has nothing to remove, no working directory is collected)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -405,11 +405,10 @@ def _unwrite(s: Session, row: WorkloadRow) -> None:
 
 def collect_workdirs(s: Session, backend: Backend, ended_before: float) -> list[int]:
     """Remove the working directories of workloads that ended before `ended_before` (or were deleted)."""
-    ids_of = getattr(backend, "workdir_ids", None)
-    collect = getattr(backend, "collect_workdir", None)
-    if ids_of is None or collect is None:
+    storage = backend.capabilities().storage
+    if storage is None:
         return []
-    have: list[int] = ids_of()
+    have = storage.workdir_ids()
     done: list[int] = []
     ended = [p.value for p in TERMINAL]
     for i in range(0, len(have), 500):
@@ -417,7 +416,7 @@ def collect_workdirs(s: Session, backend: Backend, ended_before: float) -> list[
             WorkloadRow.id.in_(have[i : i + 500]), WorkloadRow.state.in_(ended), WorkloadRow.finished_at < ended_before
         )
         for wid in s.scalars(query):
-            collect(wid)
+            storage.collect_workdir(wid)
             done.append(wid)
     if done:
         log.info("removed the working directories of %d finished workloads past their retention", len(done))

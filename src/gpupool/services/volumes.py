@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import posixpath
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpupool.backends.base import Storage, VolumeSpec
 from gpupool.lifecycle.phases import TERMINAL
 from gpupool.models.volumes import VolumeCreate, VolumeMount, VolumePublic
 from gpupool.services import audit
@@ -73,8 +74,8 @@ def list_volumes(session: Session, who: Principal, project: str) -> list[VolumeP
     return [_public(r, project, users.get(r.name, ())) for r in rows]
 
 
-def delete(session: Session, who: Principal, project: str, name: str, remove: Callable[[VolumeRow, str], None]) -> None:
-    """`remove` takes the volume's storage away (the backend's); the row goes once it has."""
+def delete(session: Session, who: Principal, project: str, name: str, storage: Storage | None) -> None:
+    """The backend takes the volume's storage away (where it made any); the row goes once it has."""
     queue = _writable(session, who, project, name)
     row = session.scalar(select(VolumeRow).where(VolumeRow.project_id == queue.id, VolumeRow.name == name))
     if row is None:
@@ -83,7 +84,8 @@ def delete(session: Session, who: Principal, project: str, name: str, remove: Ca
     if users:
         raise Conflict(f"volume {name!r} is mounted by {', '.join(sorted(users))}, which have not finished; "
                        "cancel them (or wait for them to end) first")  # fmt: skip
-    remove(row, project)
+    if storage is not None:
+        storage.delete_volume(VolumeSpec(row.id, project, row.name, "/", row.size_bytes))
     session.delete(row)
     session.commit()
 

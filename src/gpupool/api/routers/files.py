@@ -28,13 +28,13 @@ async def get_files(
 ) -> Response | list[FileEntry]:  # fmt: skip
     """A file's bytes, or a tar of a directory; `list=1`: the entries of a directory, for the portal. Running or
     finished (until its retention is over: 410 after)."""
-    keep = ctx.settings.workdir_retention_s
+    keep, storage = ctx.settings.workdir_retention_s, ctx.backend.capabilities().storage
     if listing:
         out: list[FileEntry] = await run_in_threadpool(
-            files.list_files, session, who, ctx.backend, ref, project, rank, path, keep
+            files.list_files, session, who, storage, ref, project, rank, path, keep
         )
         return out
-    data, is_tar = await run_in_threadpool(files.read_files, session, who, ctx.backend, ref, project, rank, path, keep)
+    data, is_tar = await run_in_threadpool(files.read_files, session, who, storage, ref, project, rank, path, keep)
     name = (path.rstrip("/").rsplit("/", 1)[-1] or ref) + (".tar" if is_tar else "")
     kind = "application/x-tar" if is_tar else "application/octet-stream"
     return Response(data, media_type=kind, headers={"content-disposition": f'attachment; filename="{name}"'})
@@ -54,8 +54,8 @@ async def put_files(
             err = ServiceError(f"the upload is larger than {files.MAX_TRANSFER} bytes, the most cp takes")
             err.status = 413
             raise err
-    keep = ctx.settings.workdir_retention_s
+    keep, storage = ctx.settings.workdir_retention_s, ctx.backend.capabilities().storage
     out: FilesPut = await run_in_threadpool(
-        files.write_files, session, who, ctx.backend, ref, project, rank, path, bytes(body), keep
+        files.write_files, session, who, storage, ref, project, rank, path, bytes(body), keep
     )
     return out

@@ -9,11 +9,9 @@ from fastapi.concurrency import run_in_threadpool
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
 from gpupool.api.errors import ERRORS
-from gpupool.backends.base import VolumeSpec
 from gpupool.models.volumes import VolumeCreate, VolumePublic
 from gpupool.models.wire import Name
 from gpupool.services import volumes
-from gpupool.store.tables import VolumeRow
 
 router = APIRouter(tags=["volumes"], responses=ERRORS)
 ProjectQ = Annotated[str, Query(max_length=63)]
@@ -33,10 +31,4 @@ def list_volumes(project: ProjectQ, session: SessionDep, who: CurrentUser) -> li
 @router.delete("/volumes/{name}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_volume(name: Name, project: ProjectQ, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> None:
     """Its data goes with it; 409 while a workload that has not finished mounts it."""
-    remove_storage = getattr(ctx.backend, "delete_volume", None)
-
-    def remove(row: VolumeRow, project_name: str) -> None:
-        if remove_storage is not None:
-            remove_storage(VolumeSpec(row.id, project_name, row.name, "/", row.size_bytes))
-
-    await run_in_threadpool(volumes.delete, session, who, project, name, remove)
+    await run_in_threadpool(volumes.delete, session, who, project, name, ctx.backend.capabilities().storage)

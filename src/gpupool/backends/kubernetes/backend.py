@@ -12,8 +12,18 @@ from functools import partial
 from typing import Any
 
 from gpupool import __version__
-from gpupool.backends.base import AppEndpoint, Capabilities, LaunchSpec, Observed, Sample, VolumeSpec
+from gpupool.backends.base import (
+    AppEndpoint,
+    Capabilities,
+    FilesError,
+    FilesTarget,
+    LaunchSpec,
+    Observed,
+    Sample,
+    VolumeSpec,
+)
 from gpupool.backends.kubernetes.dcgm import DcgmScraper, DcgmSettings, PodIndex, to_sample
+from gpupool.backends.kubernetes.files import PodFiles
 from gpupool.backends.kubernetes.logs import follow
 from gpupool.backends.kubernetes.manifests import (
     DEVICES,
@@ -146,7 +156,7 @@ class KubernetesBackend:
         return sorted(out, key=lambda n: n.name)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities("kubernetes", fractions_enforced=False, notebooks=False)
+        return Capabilities("kubernetes", fractions_enforced=False, notebooks=False, storage=self)
 
     # -- launch, stop, observe -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> None:
@@ -185,6 +195,28 @@ class KubernetesBackend:
         except self._client.ApiException as e:
             if e.status != 404:  # never mounted: never made
                 raise
+
+    # -- files: a running pod's through its exec stream; nothing is kept after a pod ends -----------------
+    def workload_files(self, target: FilesTarget) -> PodFiles:
+        if target.alloc_id is None:
+            why = "a pod's filesystem goes with it; write what must outlive it to a volume (--volume NAME:/path)"
+            raise FilesError(f"{target.workload!r} (rank {target.rank}) has no running pod: {why}", 409)
+        where = self._where(target.alloc_id)
+        if where is None:
+            raise FilesError(f"{target.workload!r} (rank {target.rank}) has no pod yet; try again", 409)
+        return PodFiles(self.core, *where)
+
+    def workdir_collected(self, workload_id: int) -> bool:
+        return False
+
+    def workdir_ids(self) -> list[int]:
+        return []
+
+    def collect_workdir(self, workload_id: int) -> None:
+        """Nothing is kept after a pod ends, so nothing is collected."""
+
+    def discard(self, workload_id: int) -> None:
+        """Its pods went when it ended: nothing of a deleted workload's is left here."""
 
     def _code_fetch(self, spec: LaunchSpec) -> CodeFetch | None:
         if spec.code is None:

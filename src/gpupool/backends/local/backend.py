@@ -23,6 +23,7 @@ from gpupool.backends.base import (
     AppEndpoint,
     Capabilities,
     DeviceSample,
+    FilesTarget,
     LaunchSpec,
     MemberSample,
     Observed,
@@ -126,6 +127,7 @@ class LocalBackend:
             notebooks=notebooks,
             extra={"gpus": "simulated" if gpus.simulated else "nvml"},
             isolation={**self.isolation.summary(), "volumes": volume_words(self.volumes.enforced)},
+            storage=self,
         )
         if adopt:
             self._adopt()
@@ -148,12 +150,12 @@ class LocalBackend:
         """A deleted volume's storage goes: unmounted, its image removed."""
         self.volumes.remove(volume.project, volume.name)
 
-    def workload_files(self, workload_id: int, project_id: int) -> WorkdirFiles | None:
+    def workload_files(self, target: FilesTarget) -> WorkdirFiles | None:
         """Its working directory (every member's on this host), for `cp`; None where there is none (any more)."""
-        root = self.workdir(workload_id)
+        root = self.workdir(target.workload_id)
         if not root.is_dir():
             return None
-        return WorkdirFiles(str(root), self.sandbox.uid(project_id) if self.isolation.sandboxed else None)
+        return WorkdirFiles(str(root), self.sandbox.uid(target.project_id) if self.isolation.sandboxed else None)
 
     def workdir_ids(self) -> list[int]:
         """The workloads that have a working directory here."""

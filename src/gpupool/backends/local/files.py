@@ -16,25 +16,12 @@ import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
+
+from gpupool.backends.base import FileEntry, FilesError
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-
-
-class FilesError(Exception):
-    """Refused: the message says why (a path outside, a link on the way, too large)."""
-
-    def __init__(self, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    path: str
-    kind: str
-    size: int
-    mtime: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +31,7 @@ class WorkdirFiles:
     root: str
     uid: int | None
 
-    def list(self, rel: str) -> list[Entry]:
+    def list(self, rel: str) -> list[FileEntry]:
         return listing(self.root, rel)
 
     def read(self, rel: str, max_bytes: int) -> tuple[bytes, bool]:
@@ -88,7 +75,7 @@ def _open_dir(root: str, names: list[str], create_uid: int | None = None, create
         os.close(fd)
 
 
-def _kind(mode: int) -> str:
+def _kind(mode: int) -> Literal["file", "dir", "link", "other"]:
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -96,7 +83,7 @@ def _kind(mode: int) -> str:
     return "link" if stat.S_ISLNK(mode) else "other"
 
 
-def listing(root: str, rel: str, limit: int = 10_000) -> list[Entry]:
+def listing(root: str, rel: str, limit: int = 10_000) -> list[FileEntry]:
     """The entries of a directory (one level), or the one entry of a file."""
     names = parts(rel)
     if names:
@@ -106,13 +93,13 @@ def listing(root: str, rel: str, limit: int = 10_000) -> list[Entry]:
             except FileNotFoundError:
                 raise FilesError(f"{rel} is not in the working directory", 404) from None
             if not stat.S_ISDIR(st.st_mode):
-                return [Entry("/".join(names), _kind(st.st_mode), st.st_size, st.st_mtime)]
-    out: list[Entry] = []
+                return [FileEntry("/".join(names), _kind(st.st_mode), st.st_size, st.st_mtime)]
+    out: list[FileEntry] = []
     with _open_dir(root, names) as fd:
         for name in sorted(os.listdir(fd))[:limit]:
             with contextlib.suppress(FileNotFoundError):
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                out.append(Entry("/".join([*names, name]), _kind(st.st_mode), st.st_size, st.st_mtime))
+                out.append(FileEntry("/".join([*names, name]), _kind(st.st_mode), st.st_size, st.st_mtime))
     return out
 
 
