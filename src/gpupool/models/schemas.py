@@ -241,6 +241,8 @@ class WorkloadDetail(WorkloadPublic):
     pools: list[str] = Field(default_factory=list)
     gpu_models: list[str] = Field(default_factory=list)
     image: str | None = None
+    volumes: list[VolumeMount] = Field(default_factory=list)
+    """The project volumes it mounts, as submitted."""
     env: dict[str, str]
     port: int | None
     grace_s: float

@@ -19,6 +19,7 @@ from gpupool.models.schemas import (
     WorkloadPublic,
 )
 from gpupool.services import reasons
+from gpupool.services.volumes import mounts_of
 from gpupool.store.tables import AllocationRow, EventRow, WorkloadRow
 
 
@@ -112,6 +113,7 @@ def workload_detail(
         pools=list(row.pools),
         gpu_models=list(row.gpu_models or ()),
         image=row.image,
+        volumes=mounts_of(row.spec),
         env=dict(row.env),
         port=row.port,
         grace_s=row.grace_s,
