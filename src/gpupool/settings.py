@@ -120,6 +120,11 @@ class Settings(BaseSettings):
     code_image: str | None = Field(None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
     """Kubernetes: the image of a pod's code-fetching init step (any with gpupool's client); None: the server's."""
     """How users reach this server (for app URLs, the single sign-on callback); None: http://host:port."""
+    apps_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
+    """Where notebooks and inference services are served (/apps/...), on an origin of their own so that a tenant's
+    page cannot call the API as the user viewing it (as JupyterHub's subdomain_host): a host name that is not
+    the portal's (`http://apps.localhost:8470`, `https://apps.gpu.example.com`) and reaches this server. None:
+    apps share the portal's origin (one person's machine, or trusted tenants only)."""
     oidc_issuer: str | None = Field(None, max_length=512)
     """Single sign-on: the OpenID Connect provider's issuer URL; None: no single sign-on."""
     oidc_client_id: str | None = Field(None, max_length=255)
