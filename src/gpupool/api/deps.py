@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.backends.base import Backend
 from gpupool.control.controller import Controller
-from gpupool.services.apps import SESSION_COOKIE
+from gpupool.services.apps import SESSION_COOKIE, on_apps_host
 from gpupool.services.auth import Principal, PrincipalCache
 from gpupool.services.sessions import CSRF_COOKIE, CSRF_HEADER, LoginLimiter, csrf_token
 from gpupool.services.sso import Sso
@@ -41,6 +41,9 @@ class Context:
 
 async def get_context(request: Request) -> Context:
     ctx: Context = request.app.state.ctx
+    # The apps host runs tenants' pages: the API never answers there, whatever credential comes with the call.
+    if ctx.settings.apps_url is not None and on_apps_host(ctx.settings, request.headers.get("host", "")):
+        raise HTTPException(404, "not found: this host serves apps only, under /apps/")
     return ctx
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.services import apps
 from gpupool.services.auth import Principal, hash_token, new_token, principal_for
 from gpupool.services.errors import Forbidden, Invalid, NotFound, ServiceError
 from gpupool.store import server_state
@@ -149,10 +150,12 @@ def login(
 
 
 def logout(session: Session, who: Principal) -> None:
-    """Revoke the session (or token) the caller used."""
+    """Revoke the session (or token) the caller used; a portal session takes the user's apps-host sessions with it."""
     row = session.get(TokenRow, who.token_id) if who.token_id is not None else None
     if row is not None and row.revoked_at is None:
         row.revoked_at = time.time()
+        if row.kind == "session":
+            apps.end_app_sessions(session, row.user_id)
         session.commit()
 
 

@@ -1,7 +1,7 @@
 // gpupool's portal: a few pages over the same API the CLI uses, with the caller's own token and rights.
 // Everything shown that came from a user goes through text nodes or esc(), never raw HTML.
 import { barChart, lineChart } from "./charts.js";
-import { QUEUED, TERMINAL, Stale, adviceLine, age, api, call, el, esc, flagged, fmt, main, pageOf, ref, show, state } from "./core.js";
+import { QUEUED, TERMINAL, Stale, adviceLine, age, api, call, el, esc, flagged, fmt, main, pageOf, ref, show, state, viaPortal } from "./core.js";
 import { workloadPage } from "./workload.js";
 
 const TYPES = ["notebook", "training", "inference", "batch"];
@@ -242,10 +242,10 @@ async function openWorkload(w) {
   const box = document.getElementById("detail");
   if (!d.url) { box.replaceChildren(el(`<p class="error">It has no URL yet: ${esc(d.reason)}</p>`)); return; }
   const a = el(`<p>${esc(d.name)}: <a id="open-link" target="_blank" rel="noopener"></a></p>`);
-  a.querySelector("a").href = d.url;
+  a.querySelector("a").href = viaPortal(d.url);
   a.querySelector("a").textContent = d.url.split("?")[0];
   box.replaceChildren(a);
-  window.open(d.url, "_blank", "noopener");
+  window.open(viaPortal(d.url), "_blank", "noopener");
 }
 
 async function showLogs(w) {

@@ -44,6 +44,9 @@ export async function api(path, opts = {}) {
 export const q = encodeURIComponent;
 export const ref = (w) => `/api/v1/workloads/${q(w.name)}?project=${q(w.project)}`;
 export const pageOf = (w) => `#/workloads/${q(w.project)}/${q(w.name)}`;
+// An app is opened through the portal's own host, which signs the browser in to the apps host (where apps_url
+// sets one) with a single-use ticket; the address it lands on is describe's url.
+export const viaPortal = (url) => { const u = new URL(url, location.href); return location.origin + u.pathname + u.search; };
 
 // A server message with `--flags` in backticks: the flags as code, every part a text node.
 export function flagged(message) {

@@ -2,7 +2,7 @@
 // allocations, GPU use and memory charted from its usage minutes plus the live samples, its logs (followed while
 // it runs), its files, and the actions on it.
 import { lineChart } from "./charts.js";
-import { QUEUED, TERMINAL, adviceLine, api, call, el, esc, fmt, q, reasonOf, show, state } from "./core.js";
+import { QUEUED, TERMINAL, adviceLine, api, call, el, esc, fmt, q, reasonOf, show, state, viaPortal } from "./core.js";
 
 const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "–");
 const mib = (m) => (m >= 1024 ? `${fmt(m / 1024, 1)} GiB` : `${m} MiB`);
@@ -76,7 +76,7 @@ function actions(d) {
   const box = document.getElementById("wl-actions");
   const err = document.getElementById("wl-err");
   const want = [];
-  if (d.url && d.state === "running") want.push(["Open", "", () => window.open(d.url, "_blank", "noopener")]);
+  if (d.url && d.state === "running") want.push(["Open", "", () => window.open(viaPortal(d.url), "_blank", "noopener")]);
   if (d.state === "suspended") want.push(["Resume", "", () => act(d, "resume")]);
   if (TERMINAL.includes(d.state)) want.push(["Rerun", "", () => act(d, "rerun", true)]);
   if (!TERMINAL.includes(d.state)) want.push(["Cancel", "danger", () => { if (window.confirm(`Cancel ${d.name}? Its processes are stopped.`)) act(d, "cancel"); }]);
