@@ -4,6 +4,8 @@ the job), it is refused deletion while a workload mounts it, and other tenants n
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpupool.client import Client
@@ -35,7 +37,7 @@ def _job(c: Client, name: str, script: str, mount: str = "/data", image: str | N
                           volumes=[VolumeMount(name="scratch", path=mount, read_only=read_only)])  # fmt: skip
 
 
-def test_a_volume_outlives_its_writer_and_its_size_is_enforced(org_server: Server) -> None:
+def test_a_volume_outlives_its_writer_and_its_size_is_enforced(org_server: Server, tmp_path: Path) -> None:
     s = org_server
     ana, bo, vic = _user(s, "ana", "vision"), _user(s, "bo", "nlp"), _user(s, "vic", "vision", "viewer")
     token = s.client().create_user(UserCreate(name="cli", projects=["vision"])).token
@@ -46,8 +48,13 @@ def test_a_volume_outlives_its_writer_and_its_size_is_enforced(org_server: Serve
     ana.submit(_job(ana, "writer", "echo hello > /data/greeting && stat -c %a /data"))
     done = s.wait_state("writer", "succeeded", "failed", timeout=60)
     assert done["state"] == "succeeded", s.cli("logs", "writer").stdout
-    ana.submit(_job(ana, "reader", "cat /data/greeting"))
+    # The reader comes from apply's YAML, mounting the volume read-only.
+    spec = tmp_path / "reader.yaml"
+    spec.write_text("project: vision\nname: reader\ncommand: [/bin/sh, -c, cat /data/greeting]\n"
+                    "volumes:\n  - {name: scratch, path: /data, read_only: true}\n")  # fmt: skip
+    s.cli("apply", "-f", str(spec), "--no-code", token=token)
     assert s.wait_state("reader", "succeeded", "failed", timeout=60)["state"] == "succeeded"
+    assert s.workload("reader")["volumes"] == [{"name": "scratch", "path": "/data", "read_only": True}]
     assert s.cli("logs", "reader").stdout == "hello\n"
     assert s.cli("logs", "writer").stdout == "700\n"
 
