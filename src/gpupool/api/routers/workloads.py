@@ -115,10 +115,10 @@ def delete_workload(
 ) -> dict[str, list[int]]:
     """A finished workload and the earlier ones of its name, with their files; 409 while one of its name lives."""
     ids = reruns.delete(session, who, ref, project)
-    discard = getattr(ctx.backend, "discard", None)  # a backend that keeps files for workloads removes them
-    if discard is not None:
+    storage = ctx.backend.capabilities().storage  # a backend that keeps files for workloads removes them
+    if storage is not None:
         for wid in ids:
-            discard(wid)
+            storage.discard(wid)
     return {"deleted": ids}
 
 

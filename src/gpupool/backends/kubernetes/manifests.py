@@ -286,6 +286,8 @@ def pod_manifest(
         "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
         "resources": resources,
         "securityContext": container_security,
+        # Open for `gpupool attach` (never closed: stdinOnce unset), as the local backend's FIFO is.
+        "stdin": True,
     }
     if spec.secrets:
         # From the project's Secret, not spelled out here: the pod spec is read by more than the project.

@@ -163,7 +163,7 @@ class Member:
     """Project volumes: (host directory, path inside, read-only)."""
 
 
-def _drop(uid: int) -> list[str]:
+def drop(uid: int) -> list[str]:
     """setpriv's words that drop to a project's identity with no capabilities and no way back."""
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
             "--inh-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
@@ -240,7 +240,7 @@ class Sandbox:
         build_box = self._box(
             member, ["--bind", str(plan.path), envs.INSIDE, "--bind", cache, envs.CACHE_INSIDE, *tools], False
         )
-        builder = envs.builder_argv(plan, reason, sys.prefix, envs.INSIDE, [*build_box, *_drop(uid)], uid)
+        builder = envs.builder_argv(plan, reason, sys.prefix, envs.INSIDE, [*build_box, *drop(uid)], uid)
         box = self._box(member, ["--ro-bind", str(plan.path), envs.INSIDE], member.private_network)
         if member.private_network and member.port is not None:
             # The service listens on its port inside its own network; only the app socket leads there.
@@ -250,7 +250,7 @@ class Sandbox:
             )
             inner = ("/bin/sh", "-c", bridge, "gpupool-app", *inner)
         # The build is the member's work too: within its scope's limits, as within its cgroups.
-        return (*self.systemd_prefix(member), *builder, *box, *_drop(uid), *inner), self._cgroup(member)
+        return (*self.systemd_prefix(member), *builder, *box, *drop(uid), *inner), self._cgroup(member)
 
     def _box(self, member: Member, binds: list[str], private_network: bool) -> list[str]:
         """bubblewrap's words for a member's views (see the module's docstring), with `binds` added."""
@@ -326,7 +326,7 @@ class Sandbox:
         if not self.isolation.sandboxed:
             return True
         box = self._box(member, [], False)
-        argv = (*box, *_drop(self.uid(member.project_id)), sys.executable, "-c", f"import {module}")
+        argv = (*box, *drop(self.uid(member.project_id)), sys.executable, "-c", f"import {module}")
         done = subprocess.run(argv, capture_output=True, timeout=120, cwd=member.workdir, check=False)
         return done.returncode == 0
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpupool.backends.local.runs import RunDir
-from gpupool.backends.local.sandbox import _drop
+from gpupool.backends.local.sandbox import drop
 from gpupool.backends.local.telemetry import processes
 from gpupool.backends.shell import CHUNK, STDOUT, Loop, ProcessSession, ShellError, ShellSession, ShellTarget
 
@@ -79,7 +79,7 @@ class LocalShells:
             if self.sandboxed:
                 uid = self.backend.sandbox.uid(target.project_id)
                 enter = ["nsenter", f"--target={inner}", "--mount", "--pid", "--ipc", "--uts", "--net", "--root"]
-                cmd = [*enter, *_drop(uid), *launcher]
+                cmd = [*enter, *drop(uid), *launcher]
                 cmd = ["/bin/sh", "-c", _JOIN_CGROUPS, "gpupool-exec", *_cgroups(inner, target.alloc_id), "--", *cmd]
             else:
                 cmd = launcher
@@ -139,7 +139,7 @@ class LocalShells:
         relay = ["socat", "STDIO", f"TCP:127.0.0.1:{port}"]
         if self.sandboxed:
             inner = self._inside(target, wrapper)
-            relay = ["nsenter", f"--target={inner}", "--net", *_drop(self.backend.sandbox.uid(target.project_id)),
+            relay = ["nsenter", f"--target={inner}", "--net", *drop(self.backend.sandbox.uid(target.project_id)),
                      *relay]  # fmt: skip
         proc = subprocess.Popen(
             relay, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_TOOL_ENV,
