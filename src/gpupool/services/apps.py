@@ -24,8 +24,8 @@ from gpupool.store.tables import AllocationRow, QueueRow, TokenRow, UserRow, Wor
 
 APP_TYPES = ("notebook", "inference")
 SESSION_COOKIE = "gpupool_session"
-"""The portal's session, for the browser's requests to /apps/ (HttpOnly; the API itself reads only bearer
-tokens, so the cookie cannot be used to call it from a page)."""
+"""The portal's session (HttpOnly, host-only): read by the API and, where apps share the portal's origin, by
+/apps/ on that host; never by the apps host."""
 
 
 APP_COOKIE = "gpupool_app"
