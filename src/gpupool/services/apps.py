@@ -120,12 +120,13 @@ def apps_base_url(settings: Settings) -> str:
 
 
 def isolation(settings: Settings) -> dict[str, str]:
-    """What describe's isolation block says of apps."""
+    """What describe's isolation block says of the origin apps are served from (the backend's `apps` entry says
+    who can reach them)."""
     if settings.apps_url is not None:
-        return {"apps": f"served from {apps_base_url(settings)}, an origin of their own: an app's page cannot call "
-                        "the API as the user viewing it"}  # fmt: skip
-    return {"apps": "share the portal's origin: a tenant's app viewed by another user can act as that user "
-                    "(set apps_url to serve them from an origin of their own)"}  # fmt: skip
+        return {"app_origin": f"enforced: their own, {apps_base_url(settings)}; an app's page cannot call the API as "
+                              "the user viewing it"}  # fmt: skip
+    return {"app_origin": "advisory: the portal's; a tenant's app viewed by another user can act as that user "
+                          "(set apps_url)"}  # fmt: skip
 
 
 def startup_note(settings: Settings) -> str:

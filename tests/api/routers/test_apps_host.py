@@ -203,3 +203,19 @@ async def test_the_portals_host_opens_no_app_websocket(api: Api, running: dict[s
     path = f"/apps/{running['proj']}/{running['app']}/ws"
     token = (b"authorization", f"Bearer {api.admin_token}".encode())
     assert await websocket(api, path, [token]) == [("websocket.close", 1008)]
+
+
+async def test_describe_and_the_server_say_where_apps_are_served(api: Api) -> None:
+    own, shared = api.ctx.settings, api.ctx.settings.model_copy(update={"apps_url": None})
+    assert (apps.isolation(own), apps.startup_note(own)) == (
+        {"app_origin": "enforced: their own, http://apps.test; an app's page cannot call the API as the user "
+                       "viewing it"},
+        "gpupool: apps (notebooks, inference services) on their own origin, http://apps.test",
+    )  # fmt: skip
+    assert (apps.isolation(shared), apps.startup_note(shared)) == (
+        {"app_origin": "advisory: the portal's; a tenant's app viewed by another user can act as that user "
+                       "(set apps_url)"},
+        "gpupool: apps share the portal's origin: a tenant's app viewed by another user can act as that user; "
+        "set apps_url (docs/portal.md) unless every tenant is trusted",
+    )  # fmt: skip
+    assert (apps.apps_base_url(own), apps.apps_base_url(shared)) == ("http://apps.test", "http://127.0.0.1:8470")
