@@ -21,13 +21,38 @@ def organisation() -> Organisation:
     return build(load_philly(PHILLY), gpus=64, days=1, seed=3)
 
 
+class Nominations:
+    """Watches each decision of a run: a pending job that evictions were made for (nominated nodes) must see the
+    same nodes in the next snapshot, as the control plane carries them."""
+
+    def __init__(self) -> None:
+        self.nominated: dict[str, set[str]] = {}
+        self.carried: list[bool] = []
+
+    def schedule(self, snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None = None) -> Decision:
+        for w in snapshot.workloads:
+            if w.id in self.nominated and w.state is State.PENDING:
+                self.carried.append(set(w.nominated_nodes) == self.nominated.pop(w.id))
+        decision = schedule(snapshot, config, memo=memo)
+        self.nominated.update({p.workload: {x.node for x in p.nominated} for p in decision.pending if p.nominated})
+        return decision
+
+
 @pytest.fixture(scope="module")
-def runs(organisation: Organisation) -> dict[str, OrgSim]:
+def nominations() -> Nominations:
+    return Nominations()
+
+
+@pytest.fixture(scope="module")
+def runs(organisation: Organisation, nominations: Nominations) -> dict[str, OrgSim]:
     out = {}
     for name, regime in REGIMES.items():
         # Estimates only observe (tests/sim/test_org_eta.py proves it) and cost more than the run: left out here.
         sim = OrgSim(organisation, dataclasses.replace(regime, estimates=False), 64, DAY)
-        sim.run()
+        with pytest.MonkeyPatch.context() as patch:
+            if name == "gpupool":  # the nomination test's watch rides on this run rather than a run of its own
+                patch.setattr(org, "schedule", nominations.schedule)
+            sim.run()
         out[name] = sim
     return out
 
@@ -125,21 +150,8 @@ def test_no_project_waits_longer_than_a_tick_for_gpus_it_is_owed(runs: dict[str,
         assert metrics(runs[name])["owed_waits_over_one_interval"] == 0, name
 
 
-def test_a_job_that_evictions_were_made_for_keeps_its_nomination(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_that_evictions_were_made_for_keeps_its_nomination(
+    runs: dict[str, OrgSim], nominations: Nominations
+) -> None:
     """As the control plane does: the next decision sees the nodes made free for it, so it claims them first."""
-    organisation = build(load_philly(PHILLY), gpus=64, days=1, seed=3)
-    sim = OrgSim(organisation, REGIMES["gpupool"], 64, DAY)
-    nominated: dict[str, set[str]] = {}
-    carried: list[bool] = []
-
-    def watch(snapshot: Snapshot, config: SchedulerConfig, memo: Memo | None = None) -> Decision:
-        for w in snapshot.workloads:
-            if w.id in nominated and w.state is State.PENDING:
-                carried.append(set(w.nominated_nodes) == nominated.pop(w.id))
-        decision = schedule(snapshot, config, memo=memo)
-        nominated.update({p.workload: {x.node for x in p.nominated} for p in decision.pending if p.nominated})
-        return decision
-
-    monkeypatch.setattr(org, "schedule", watch)
-    sim.run()
-    assert carried and all(carried)
+    assert nominations.carried and all(nominations.carried)
