@@ -29,7 +29,7 @@ from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
 from gpupool.control.controller import Controller
 from gpupool.control.leader import LeaderBackend, Leadership
 from gpupool.logs import configure_logging
-from gpupool.services import code
+from gpupool.services import apps, code
 from gpupool.services.auth import PrincipalCache
 from gpupool.services.oidc import OidcClient, OidcConfig, RoleMap
 from gpupool.services.sessions import first_admin, session_key
@@ -254,6 +254,7 @@ def serve(settings: Settings, announce: bool = True) -> None:
         scheme = "https" if settings.tls else "http"
         if settings.workers > 1:
             print(f"gpupool: {settings.workers} API workers; the scheduler runs in the one holding the store's lease")
+        print(apps.startup_note(settings))
         print(f"gpupool: API on {scheme}://{settings.host}:{settings.port}  (docs at /docs)", flush=True)
     if settings.workers > 1:
         serve_workers(settings)  # each worker builds its own context; this one was for the checks and the words

@@ -13,6 +13,7 @@ import stat
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -114,12 +115,12 @@ class Settings(BaseSettings):
     """JSON lines (one object per line, with the cycle id) for a log collector; text for people."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     public_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
+    """How users reach this server (for app URLs, the single sign-on callback); None: http://host:port."""
     code_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
     """Kubernetes: the API as the pods reach it, where a pod's init step fetches its workload's code (an in-cluster
     Service's URL, say); None: the public URL."""
     code_image: str | None = Field(None, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
     """Kubernetes: the image of a pod's code-fetching init step (any with gpupool's client); None: the server's."""
-    """How users reach this server (for app URLs, the single sign-on callback); None: http://host:port."""
     apps_url: str | None = Field(None, max_length=512, pattern=r"^https?://[^\s/?#]+/?$")
     """Where notebooks and inference services are served (/apps/...), on an origin of their own so that a tenant's
     page cannot call the API as the user viewing it (as JupyterHub's subdomain_host): a host name that is not
@@ -208,6 +209,14 @@ class Settings(BaseSettings):
                 raise ValueError("a database password was given, but the store is SQLite, which takes none")
         elif self.db_password is not None:
             raise ValueError("a database password was given without --db: the default store is SQLite")
+        if self.apps_url is not None:
+            apps_host = urlsplit(self.apps_url).hostname
+            if apps_host == urlsplit(self.public_base_url).hostname:
+                # Cookies are shared across ports, so only another host name is another origin for them.
+                raise ValueError(
+                    f"apps_url {self.apps_url}: its host must differ from the portal's ({apps_host}), not just its "
+                    "port: give apps a name of their own (apps.localhost, apps.gpu.example.com)"
+                )
         if (self.oidc_issuer is None) != (self.oidc_client_id is None):
             raise ValueError("--oidc-issuer and --oidc-client-id go together: give both, or neither")
         if self.oidc_issuer is None and (self.oidc_client_secret is not None or self.oidc_roles):

@@ -15,6 +15,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpupool import __version__
+from gpupool.api.apphost import AppsHostOnly
 from gpupool.api.auditing import AuditTrail
 from gpupool.api.deps import Context
 from gpupool.api.errors import BodyLimit, NoNul, validation_error
@@ -133,4 +134,5 @@ def create_app(ctx: Context) -> FastAPI:
     app.add_middleware(AuditTrail)  # outside BodyLimit: a refused body is recorded too
     app.add_middleware(StoreGuard, watch=watch)  # outside AuditTrail: no record is attempted while the store is down
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(AppsHostOnly, settings=ctx.settings)
     return app

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpupool.cli import contexts
 from gpupool.cli.connection import client, fail
 from gpupool.cli.submit import ProjectOpt
-from gpupool.client.shell import Shell, forward, interact, params
 
 RankOpt = Annotated[int, typer.Option("--rank", min=0, help="The member (0 is the first; a gang's ranks go up).")]
 
 
+# gpupool.client.shell (and websockets) load when a shell is opened, not for every command: `--help` stays quick.
+if TYPE_CHECKING:
+    from gpupool.client.shell import Shell
+
+
 def _shell() -> Shell:
+    from gpupool.client.shell import Shell
+
     with client() as c:  # the CLI's own checks and messages: logged in, a known context
         url = c.url
     token, _ = contexts.setting(contexts.load(), "token")
@@ -39,6 +45,8 @@ def exec_(
         fail("--tty needs a terminal as stdin", 2)
     shell = _shell()
 
+    from gpupool.client.shell import interact, params
+
     async def run() -> int:
         ws = await shell.open(name, "exec", params(project, rank, command=command, tty=str(want_tty).lower()))
         async with ws:
@@ -55,6 +63,8 @@ def attach(name: str, rank: RankOpt = 0, project: ProjectOpt = None) -> None:
     """Follow a running workload's output and send it this terminal's input (its stdin); Ctrl-C detaches and
     leaves it running."""
     shell = _shell()
+
+    from gpupool.client.shell import interact, params
 
     async def run() -> int:
         ws = await shell.open(name, "attach", params(project, rank))
@@ -90,6 +100,8 @@ def port_forward(
     shell = _shell()
     with client() as c:  # fail at once for a workload that is not there
         c.describe(name, project)
+
+    from gpupool.client.shell import forward, params
 
     def ready(port: int) -> None:
         print(f"Forwarding from 127.0.0.1:{port} -> {remote}", flush=True)

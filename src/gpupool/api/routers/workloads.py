@@ -13,7 +13,7 @@ from gpupool.api.errors import ERRORS
 from gpupool.models.attempts import ApplyResult
 from gpupool.models.schemas import Page, UsageReport, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.models.wire import INT32_MAX, INT64_MAX, NO_NUL, UNIX_MAX, UNIX_MIN, WorkloadState
-from gpupool.services import logs, reports, reruns, workloads
+from gpupool.services import apps, logs, reports, reruns, workloads
 from gpupool.services.apps import SESSION_COOKIE
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Invalid
@@ -70,8 +70,8 @@ def list_workloads(
 def describe_workload(
     ref: str, session: SessionDep, ctx: ContextDep, who: CurrentUser, project: ProjectQ = None
 ) -> WorkloadDetail:
-    isolation = ctx.backend.capabilities().isolation
-    return workloads.describe(session, who, ref, project, ctx.settings.public_base_url, isolation)
+    isolation = {**ctx.backend.capabilities().isolation, **apps.isolation(ctx.settings)}
+    return workloads.describe(session, who, ref, project, apps.apps_base_url(ctx.settings), isolation)
 
 
 @router.post("/workloads/{ref}/cancel", response_model=WorkloadPublic)
