@@ -75,6 +75,8 @@ def test_impossible_requests_are_refused_at_submit_and_nothing_is_written(org_se
     assert s.json("list") == []
 
 
+# Refused before the store is written (validation, the CLI's YAML), and the CLI's own file below: SQLite only.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_unknown_projects_pools_fields_and_bad_yaml_are_refused(org_server: Server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     s = org_server
     c = s.client()
@@ -147,6 +149,7 @@ def test_idempotent_submits_pagination_metrics_and_operation_ids(org_server: Ser
     assert {"submit_workload", "list_workloads", "describe_workload", "cancel_workload", "workload_logs"} <= ops
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_login_saves_the_connection_privately_and_whoami_reads_it(org_server: Server) -> None:
     s = org_server
     token = s.json("user", "create", "carol", "--project", "nlp")["token"]
