@@ -1,5 +1,6 @@
 """Shells into running workloads on the local backend (sandboxed, the server as root): exec with and without a
-TTY, attach, port-forward, who may open them, and the audit trail of each session."""
+TTY, attach, port-forward, who may open them, and the audit trail of each session; the same into a member that
+runs in an image (podman), with a busybox image built here."""
 
 from __future__ import annotations
 
@@ -9,20 +10,30 @@ import pty
 import re
 import select
 import shlex
+import shutil
 import struct
 import subprocess
 import termios
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from gpupool.backends.local import images
+from tests.backends.test_environments import build_image
 from tests.e2e.conftest import GPUPOOL, Server, wait_for
 
+IMAGE = "localhost/gpupool-e2e-shells-busybox:1"
 ECHO = "import sys\nfor line in sys.stdin:\n    print('echo:' + line.strip(), flush=True)\n"
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_image(tmp_path_factory.mktemp("image"), IMAGE)
 
 
 def _tenants(s: Server) -> tuple[str, str]:
@@ -35,6 +46,16 @@ def _tenants(s: Server) -> tuple[str, str]:
 
 def _env(s: Server, token: str) -> dict[str, str]:
     return s.env | {"GPUPOOL_URL": s.url, "GPUPOOL_TOKEN": token}
+
+
+def _running(cmdline: bytes) -> bool:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _under_pty(s: Server, token: str, *args: str) -> tuple[int, str]:
@@ -177,3 +198,78 @@ def test_exec_on_a_single_user_server_runs_in_the_workdir_with_the_workloads_env
     done = s.cli("exec", "job", "--", "sh", "-c", 'pwd; echo "$GREETING"; id -u; exit 3', check=False)
     workdir = s.data_dir / "workloads" / str(job["id"])
     assert (done.returncode, done.stdout, done.stderr) == (3, f"{workdir}\nhi\n{os.geteuid()}\n", "")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_exec_attach_and_port_forward_reach_a_member_in_an_image(
+    make_server: Callable[..., Server], image: str
+) -> None:
+    s = make_server("fake:2xH100-80GB")
+    try:
+        _in_an_image(s, image)
+    finally:
+        # Its containers go (the fixture's teardown kills wrappers, which podman's monitors outlive).
+        podman = [shutil.which("podman") or "podman", *images.global_options()]
+        names = [images.name(p.stem) for p in (s.data_dir / "containers").glob("*")]
+        if names:
+            subprocess.run(
+                [*podman, "rm", "--force", "--ignore", "--time", "0", *names], capture_output=True, check=False
+            )
+
+
+def _in_an_image(s: Server, image: str) -> None:
+    red, _ = _tenants(s)
+    (s.cwd / "index.html").write_text("hello from the image\n")
+    s.cli("submit", "-p", "red", "--name", "boxed", "--image", image, "--env", "GREETING=hello", "--",
+          "sh", "-c", "echo mine > mine.txt; exec busybox httpd -f -p 127.0.0.1:18124 -h .", token=red)  # fmt: skip
+    s.cli("submit", "-p", "red", "--name", "echoer", "--image", image, "--",
+          "sh", "-c", 'while read -r l; do echo "echo:$l"; done', token=red)  # fmt: skip
+    boxed = s.wait_state("boxed", "running", timeout=60)
+    s.wait_state("echoer", "running", timeout=60)
+    workdir = s.data_dir / "workloads" / str(boxed["id"])
+    wait_for(lambda: (workdir / "mine.txt").exists(), 30, "the image's first file")
+
+    # Its files, workdir, environment (the member's, not the server's), identity and confinement; its status.
+    script = ('cat mine.txt; pwd; echo "$GREETING" "${GPUPOOL_URL:-no-url}"; id -u; '
+              'grep -E "^(CapEff|NoNewPrivs)" /proc/self/status; touch /oops; echo oops >&2; exit 7')  # fmt: skip
+    done = s.cli("exec", "boxed", "--", "sh", "-c", script, token=red, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        7,
+        f"mine\n{workdir}\nhello no-url\n{workdir.stat().st_uid}\nCapEff:\t0000000000000000\nNoNewPrivs:\t1\n",
+        "touch: /oops: Read-only file system\noops\n",
+    )
+    assert workdir.stat().st_uid != 0
+    piped = subprocess.run([GPUPOOL, "exec", "boxed", "--", "cat"], input="through\n", env=_env(s, red),
+                           cwd=s.cwd, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (piped.returncode, piped.stdout) == (0, "through\n")
+
+    # A terminal, sized as the CLI's.
+    code, out = _under_pty(s, red, "exec", "boxed", "--", "sh", "-c", "busybox tty; busybox stty size; exit 4")
+    assert code == 4 and re.fullmatch(r"/dev/pts/\d+\r\n40 100\r\n", out), out
+
+    # A client that goes ends its command, which podman alone would leave running.
+    gone = subprocess.Popen([GPUPOOL, "exec", "boxed", "--", "sleep", "605"], env=_env(s, red), cwd=s.cwd,
+                            stdin=subprocess.PIPE)  # fmt: skip
+    wait_for(lambda: _running(b"sleep\x00605\x00"), 30, "the exec's sleep")
+    gone.kill()
+    gone.wait(10)
+    wait_for(lambda: not _running(b"sleep\x00605\x00"), 30, "the exec's sleep ended with its client")
+
+    attach = subprocess.Popen([GPUPOOL, "attach", "echoer"], env=_env(s, red), cwd=s.cwd, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)  # fmt: skip
+    forward = subprocess.Popen([GPUPOOL, "port-forward", "boxed", "0:18124"], env=_env(s, red), cwd=s.cwd,
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert attach.stdin is not None and attach.stdout is not None
+        attach.stdin.write(b"hello\n")
+        attach.stdin.flush()
+        assert attach.stdout.readline() == b"echo:hello\n"
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        port = int(re.fullmatch(r"Forwarding from 127\.0\.0\.1:(\d+) -> 18124\n", line)[1])  # type: ignore[index]
+        got = httpx.get(f"http://127.0.0.1:{port}/index.html", timeout=30)
+        assert (got.status_code, got.text) == (200, "hello from the image\n")
+    finally:
+        for p in (attach, forward):
+            p.kill()
+            p.wait(10)

@@ -32,6 +32,8 @@ CANNOT_START = 97
 """The exit status of a member that never ran (as envs.BUILD_FAILED): its image cannot be used here."""
 _NOT_PASSED = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "PWD", "OLDPWD", "SHLVL", "_"})
 """The host's, not the workload's: the image has its own PATH, and HOME is the working directory."""
+EXEC_MARKER = "GPUPOOL_EXEC_SESSION"
+"""Set in the environment of each `gpupool exec` in an image, a token of its session (see exec_argv)."""
 _CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 _NPROC_CAP = 32768
 """podman's monitor (conmon) runs with at most this many processes; a runtime cannot raise a container's limit
@@ -83,7 +85,8 @@ def argv(c: Container, command: tuple[str, ...]) -> tuple[str, ...]:
     if why is not None or exe is None:
         say = f'echo "gpupool: $0"; printf "%s\\n" "$0" > "$1"; exit {CANNOT_START}'
         return ("/bin/sh", "-c", say, str(why), c.reason_file)
-    words = [exe, *global_options(), "run", "--rm", "--name", c.name, "--pull=never", "--log-driver=none"]
+    # -i: the container's stdin is the member's (the wrapper's FIFO, which never ends), so attach reaches it.
+    words = [exe, *global_options(), "run", "--rm", "-i", "--name", c.name, "--pull=never", "--log-driver=none"]
     words += ["--user", f"{c.uid}:{c.gid}", "--cap-drop=all", "--security-opt=no-new-privileges", "--read-only"]
     words += ["--network=host", "-v", f"{c.workdir}:{c.workdir}", "-w", c.workdir, "-e", f"HOME={c.workdir}"]
     for source, inside, read_only in c.mounts:
@@ -97,6 +100,53 @@ def argv(c: Container, command: tuple[str, ...]) -> tuple[str, ...]:
         words.append(f"--cpus={c.cpu_milli / 1000:g}")
     words += _devices(c.devices)
     return (sys.executable, "-I", __file__, str(len(words)), *words, c.image, *command)
+
+
+def exec_argv(
+    container: str, user: tuple[int, int], workdir: str, command: list[str], tty: bool, marker: str
+) -> list[str]:
+    """`podman exec` of `command` in a running container: as `user` (the container's own), in `workdir`, with the
+    container's environment (what its member was started with, never the caller's), its capabilities (none),
+    no_new_privs, cgroups and namespaces, all of which the runtime takes from the container. `marker` is set as
+    EXEC_MARKER in the command's environment: podman leaves an exec's processes running when its client goes,
+    and the marker is how the caller finds them to end them (`marked`)."""
+    exe = podman()
+    if exe is None:
+        raise FileNotFoundError(2, "podman is not installed")
+    words = [exe, *global_options(), "exec", "-i", *(["-t"] if tty else []), "--user", f"{user[0]}:{user[1]}"]
+    return [*words, "-w", workdir, "-e", f"{EXEC_MARKER}={marker}", container, *command]
+
+
+def pid(container: str) -> int | None:
+    """The host's pid of a running container's first process (whose namespaces are the container's), or None
+    where it does not run."""
+    exe = podman()
+    if exe is None:
+        return None
+    done = subprocess.run(
+        [exe, *global_options(), "inspect", "--type", "container", "--format", "{{.State.Pid}}", container],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    try:
+        value = int(done.stdout.strip()) if done.returncode == 0 else 0
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def marked(marker: str, namespace: str | None) -> list[int]:
+    """The processes in pid namespace `namespace` whose environment holds EXEC_MARKER=`marker` (one exec's)."""
+    needle = f"{EXEC_MARKER}={marker}".encode()
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{entry.name}/ns/pid") != namespace:
+                continue
+            if needle in Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0"):
+                out.append(int(entry.name))
+    return sorted(out)
 
 
 def stop(container: str, grace_s: float) -> None:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -28,9 +30,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpupool.backends.local import images
 from gpupool.backends.local.runs import RunDir
 from gpupool.backends.local.sandbox import drop
-from gpupool.backends.local.telemetry import processes
+from gpupool.backends.local.telemetry import processes, tree
 from gpupool.backends.shell import CHUNK, STDOUT, Loop, ProcessSession, ShellError, ShellSession, ShellTarget
 
 if TYPE_CHECKING:
@@ -66,6 +69,8 @@ class LocalShells:
     # -- exec ----------------------------------------------------------------------------------------------
     def exec(self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool) -> ShellSession:
         wrapper = self._wrapper(target)
+        if self.backend.sandbox.in_container(target.alloc_id):
+            return self._exec_in_image(loop, target, argv, tty)
         inner = self._inside(target, wrapper) if self.sandboxed else _first_child(wrapper)
         spec = {"cwd": str(self.backend.workdir(target.workload_id)), "argv": argv, "env": _environ(inner)}
         memfd = os.memfd_create("gpupool-exec", 0)  # not inheritable: passed to the launcher alone
@@ -83,16 +88,7 @@ class LocalShells:
                 cmd = ["/bin/sh", "-c", _JOIN_CGROUPS, "gpupool-exec", *_cgroups(inner, target.alloc_id), "--", *cmd]
             else:
                 cmd = launcher
-            if tty:
-                proc = subprocess.Popen(
-                    ["setsid", "--ctty", *cmd], stdin=slave, stdout=slave, stderr=slave, env=_TOOL_ENV,
-                    pass_fds=(memfd,), close_fds=True,
-                )  # fmt: skip
-            else:
-                proc = subprocess.Popen(
-                    cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_TOOL_ENV,
-                    pass_fds=(memfd,), close_fds=True, start_new_session=True,
-                )  # fmt: skip
+            proc = _spawn(cmd, slave, (memfd,))
         except BaseException:
             if master is not None:
                 os.close(master)
@@ -102,6 +98,26 @@ class LocalShells:
             if slave is not None:
                 os.close(slave)
         return ProcessSession(loop, proc, master)
+
+    def _exec_in_image(self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool) -> ShellSession:
+        """`podman exec` into the member's container (images.exec_argv): the runtime applies the container's own
+        identity, confinement and environment. A TTY is podman's to make inside; ours is the host's, its size
+        passed on by podman on each SIGWINCH that a resize sends it."""
+        first = self._container_pid(target)
+        marker = secrets.token_hex(16)
+        workdir = str(self.backend.workdir(target.workload_id))
+        cmd = images.exec_argv(images.name(target.alloc_id), self._identity(target), workdir, argv, tty, marker)
+        master, slave = os.openpty() if tty else (None, None)
+        try:
+            proc = _spawn(cmd, slave, ())
+        except BaseException:
+            if master is not None:
+                os.close(master)
+            raise
+        finally:
+            if slave is not None:
+                os.close(slave)
+        return _ImageExec(loop, proc, master, marker, _ns(first))
 
     def _pty(self, inner: int) -> tuple[int, int]:
         """A pseudo-terminal pair: of the sandbox's own devpts where it has one (so the member's view names it),
@@ -137,8 +153,10 @@ class LocalShells:
         if shutil.which("socat") is None:
             raise ShellError("port-forward needs socat on the server's host (Debian's socat)")
         relay = ["socat", "STDIO", f"TCP:127.0.0.1:{port}"]
+        in_image = self.backend.sandbox.in_container(target.alloc_id)
         if self.sandboxed:
-            inner = self._inside(target, wrapper)
+            # An image's network is its container's: the namespace of its first process, as podman reports it.
+            inner = self._container_pid(target) if in_image else self._inside(target, wrapper)
             relay = ["nsenter", f"--target={inner}", "--net", *drop(self.backend.sandbox.uid(target.project_id)),
                      *relay]  # fmt: skip
         proc = subprocess.Popen(
@@ -149,12 +167,23 @@ class LocalShells:
 
     # -- internals -----------------------------------------------------------------------------------------
     def _wrapper(self, target: ShellTarget) -> int:
-        if self.backend.sandbox.in_container(target.alloc_id):
-            raise ShellError("shells into members that run in an image are not supported on the local backend yet")
         pid = self.backend.wrapper_pid(target.alloc_id)
         if pid is None:
             raise ShellError(f"{target.workload} (rank {target.rank}) does not run on this server")
         return pid
+
+    def _container_pid(self, target: ShellTarget) -> int:
+        pid = images.pid(images.name(target.alloc_id))
+        if pid is None:
+            raise ShellError(f"{target.workload} (rank {target.rank}) has not started its container yet; try again")
+        return pid
+
+    def _identity(self, target: ShellTarget) -> tuple[int, int]:
+        """The uid and gid its container runs as (sandbox.py's rule): the project's, or the server's own."""
+        if self.sandboxed:
+            uid = self.backend.sandbox.uid(target.project_id)
+            return uid, uid
+        return os.geteuid(), os.getegid()
 
     def _inside(self, target: ShellTarget, wrapper: int) -> int:
         """The member's outermost process that runs inside its sandbox as its project's uid: the namespaces and
@@ -172,6 +201,26 @@ class LocalShells:
                     return pid
             level = [c for pid in level for c in children.get(pid, ())]
         raise ShellError(f"{target.workload} (rank {target.rank}) has not started its command yet; try again")
+
+
+class _ImageExec(ProcessSession):
+    """A `podman exec`: closed early, its command is ended too (podman leaves it running without its client)."""
+
+    def __init__(
+        self, loop: Loop, proc: subprocess.Popen[bytes], master: int | None, marker: str, namespace: str | None
+    ) -> None:
+        super().__init__(loop, proc, master)
+        self.marker, self.namespace = marker, namespace
+
+    def close(self) -> None:
+        early = self.proc.poll() is None
+        super().close()
+        if early:
+            procs = processes()
+            for pid in images.marked(self.marker, self.namespace):
+                for p in tree(procs, pid):
+                    with contextlib.suppress(OSError):
+                        os.kill(p.pid, signal.SIGKILL)
 
 
 class _Attached(ShellSession):
@@ -217,6 +266,20 @@ class _Attached(ShellSession):
         self._done.set()
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def _spawn(cmd: list[str], slave: int | None, fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+    """A session's process in a session of its own: with `slave` as its controlling terminal and every stdio, or
+    with pipes."""
+    if slave is not None:
+        return subprocess.Popen(
+            ["setsid", "--ctty", *cmd], stdin=slave, stdout=slave, stderr=slave, env=_TOOL_ENV, pass_fds=fds,
+            close_fds=True,
+        )  # fmt: skip
+    return subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_TOOL_ENV, pass_fds=fds,
+        close_fds=True, start_new_session=True,
+    )  # fmt: skip
 
 
 def _json(value: object) -> bytes:
