@@ -80,6 +80,7 @@ def s(shared: Server) -> Iterator[Server]:
         (("server", "--grace", "3x"), "error: Invalid value for '--grace': '3x' is not a duration (like 30m, 1h30m, "
          "3d, 90s or seconds) (see gpupool server --help)"),
         (("config", "set", "colour", "red"), "error: 'colour': expected one of url, token, project"),
+        (("submit", "--volume", "data", "--", "true"), "error: --volume 'data': expected NAME:/path or NAME:/path:ro"),
     ],
 )  # fmt: skip
 def test_bad_choices_and_durations_are_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:

@@ -104,7 +104,7 @@ def blocks(text: str) -> list[Block]:
 
 
 _SQUEEZE = [
-    (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"), "<time>"),
+    (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d(?::\d\d)?"), "<time>"),
     (re.compile(r"(?<![\w.])\d+(?:d|h|m|s)(?:\d+(?:h|m|s))*(?![\w.])"), "<age>"),
     (re.compile(r" +"), " "),
     (re.compile(r"([━─═])\1+"), r"\1"),
@@ -230,4 +230,10 @@ def _stop_workloads(home: Path) -> None:
     for rec in run.glob("*.json") if run.is_dir() else ():
         with contextlib.suppress(OSError, ValueError, KeyError):
             os.killpg(int(json.loads(rec.read_text())["pid"]), signal.SIGKILL)
+    # The quick start's volume stays mounted when its server stops (as on a real host, for the next start); here
+    # its loop device goes with the home directory (the kernel has few).
+    with open("/proc/self/mounts") as mounts:
+        under = [line.split()[1] for line in mounts if line.split()[1].startswith(str(home))]
+    for point in sorted(under, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
     shutil.rmtree(home, ignore_errors=True)

@@ -116,6 +116,16 @@ def _pairs(items: list[str] | None) -> dict[str, str]:
     return pairs
 
 
+def _mount(flag: str) -> dict[str, Any]:
+    """`NAME:/path` or `NAME:/path:ro`, as the API's VolumeMount (which checks the name and the path)."""
+    name, sep, path = flag.partition(":")
+    read_only = path.endswith(":ro")
+    path = path.removesuffix(":ro").removesuffix(":rw")
+    if not sep or not name or not path:
+        fail(f"--volume {flag!r}: expected NAME:/path or NAME:/path:ro", 2)
+    return {"name": name, "path": path, "read_only": read_only}
+
+
 def submit(
     command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
     project: ProjectOpt = None,
@@ -131,6 +141,10 @@ def submit(
         list[str] | None, typer.Option("--gpu-model", help="A GPU model it accepts, e.g. H100 (repeatable).")
     ] = None,
     image: Annotated[str | None, typer.Option("--image", help="A container image to run the command in.")] = None,
+    volumes: Annotated[
+        list[str] | None,
+        typer.Option("--volume", "-v", help="A project volume to mount: NAME:/path, or NAME:/path:ro (repeatable)."),
+    ] = None,
     workers: Annotated[int, typer.Option("--workers", help="Gang members, started all at once.")] = 1,
     priority: Annotated[str | None, typer.Option("--priority", help=f"{', '.join(PRIORITIES)}.")] = None,
     preemptible: Annotated[bool | None, typer.Option("--preemptible/--no-preemptible")] = None,
@@ -166,12 +180,13 @@ def submit(
         fail("--max-retries and --retry-backoff go with --retry on-failure, on-preemption or always", 2)
     _one_of(workdir, no_code)
     pairs = (read_env_file(env_file) if env_file else {}) | _pairs(env)
+    mounts = [_mount(v) for v in volumes or []]
     with client() as c:
         project = project_of(c, project)
         fields: dict[str, Any] = {
             "project": project, "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
             "gpu_memory": gpu_memory, "cpu": cpu, "memory": memory, "pools": pools or [],
-            "gpu_models": gpu_models or [], "image": image,
+            "gpu_models": gpu_models or [], "image": image, "volumes": mounts,
             "workers": workers, "priority": priority, "preemptible": preemptible, "port": port, "env": pairs,
             "command": list(command or []), "grace_s": grace, "max_duration_s": max_duration,
         }  # fmt: skip
