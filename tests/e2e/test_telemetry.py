@@ -41,11 +41,13 @@ def test_an_idle_notebook_is_suspended_and_resumes_with_its_files_while_a_busy_o
     put_file(idle_base, idle_token, "notes.txt", "keep me")
     detail = s.workload("sleepy")
     assert detail["idle_timeout_s"] == 12 and detail["idle_threshold_pct"] == 5  # the user sees the policy first
-    wait_for(lambda: (s.workload("busy")["gpu_util_pct"] or 0) >= 50, 30, "the busy notebook to show GPU use")
+    # A spinning kernel's modelled use is its share of a CPU: on a loaded 2-core machine well under 100%, but
+    # always far above the 5% threshold that tells idle from busy.
+    wait_for(lambda: (s.workload("busy")["gpu_util_pct"] or 0) >= 20, 30, "the busy notebook to show GPU use")
     sleepy = s.wait_state("sleepy", "suspended", timeout=60)
     assert sleepy["reason_code"] == "idle" and "idle for" in sleepy["reason"]
     busy = s.workload("busy")
-    assert busy["state"] == "running" and busy["gpu_util_pct"] >= 50
+    assert busy["state"] == "running" and busy["gpu_util_pct"] >= 20
     assert s.json("nodes")[0]["devices"][0]["workloads"] == ["busy"]  # its share went back at once
     s.cli("resume", "sleepy", token=ana)
     s.wait_state("sleepy", "running", timeout=90)
@@ -55,7 +57,7 @@ def test_an_idle_notebook_is_suspended_and_resumes_with_its_files_while_a_busy_o
     assert again.returncode == 1 and "only a workload suspended" in again.stderr
     report = s.json("report", "usage", "--from", "2000-01-01", "--by", "workload")
     by_name = {line["key"]: line for line in report["lines"]}
-    assert by_name["lab/busy"]["busy_gpu_hours"] > 0.5 * by_name["lab/busy"]["gpu_hours"] > 0
+    assert by_name["lab/busy"]["busy_gpu_hours"] > 0.2 * by_name["lab/busy"]["gpu_hours"] > 0
     assert by_name["lab/sleepy"]["idle_gpu_hours"] > by_name["lab/sleepy"]["busy_gpu_hours"]
 
 
