@@ -75,7 +75,11 @@ class ShellSession:
 class Shells(Protocol):
     """A backend's sessions; each call may block (it starts a process, or connects to the cluster)."""
 
-    def exec(self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool) -> ShellSession: ...
+    def exec(
+        self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool, size: tuple[int, int] | None = None
+    ) -> ShellSession:
+        """`size` (cols, rows): the terminal's from the start, so a command that reads it at once sees it."""
+        ...
 
     def attach(self, loop: Loop, target: ShellTarget) -> ShellSession: ...
 
@@ -182,7 +186,15 @@ def parse_resize(data: bytes) -> tuple[int, int] | None:
     """A resize frame's payload: JSON {"cols": C, "rows": R}; None where it is not that."""
     try:
         size = json.loads(data)
-        cols, rows = int(size["cols"]), int(size["rows"])
+        return terminal_size(size["cols"], size["rows"])
     except (ValueError, TypeError, KeyError):
         return None
-    return (cols, rows) if 0 < cols < 65536 and 0 < rows < 65536 else None
+
+
+def terminal_size(cols: str | int | None, rows: str | int | None) -> tuple[int, int] | None:
+    """A terminal's size (cols, rows) from its two numbers; None where they are not one."""
+    try:
+        c, r = int(cols or 0), int(rows or 0)
+    except ValueError:
+        return None
+    return (c, r) if 0 < c < 65536 and 0 < r < 65536 else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -29,6 +30,14 @@ def _shell() -> Shell:
     return Shell(url, token or "")
 
 
+def _terminal(tty: bool) -> dict[str, str]:
+    """The terminal's size, sent with the request so that the command starts with it."""
+    if not tty:
+        return {}
+    size = os.get_terminal_size(sys.stdin.fileno())
+    return {"cols": str(size.columns), "rows": str(size.lines)}
+
+
 def exec_(
     name: str,
     command: Annotated[list[str], typer.Argument(help="The command and its arguments, after `--`.")],
@@ -48,7 +57,9 @@ def exec_(
     from gpupool.client.shell import interact, params
 
     async def run() -> int:
-        ws = await shell.open(name, "exec", params(project, rank, command=command, tty=str(want_tty).lower()))
+        ws = await shell.open(
+            name, "exec", params(project, rank, command=command, tty=str(want_tty).lower(), **_terminal(want_tty))
+        )
         async with ws:
             return await interact(ws, want_tty)
 

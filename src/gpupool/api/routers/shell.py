@@ -4,7 +4,7 @@ forward a TCP connection to a port inside it (docs/shells.md).
 Endpoints (under /api/v1; `rank` picks the member, 0 by default; `project` names the project where a name is
 ambiguous):
 
-    GET /workloads/{ref}/exec?command=ARG&command=ARG...&tty=true|false&rank=N&project=P
+    GET /workloads/{ref}/exec?command=ARG&command=ARG...&tty=true|false[&cols=C&rows=R]&rank=N&project=P
     GET /workloads/{ref}/attach?rank=N&project=P
     GET /workloads/{ref}/port-forward?port=REMOTE&rank=N&project=P
 
@@ -53,6 +53,7 @@ from gpupool.backends.shell import (
     ShellTarget,
     parse_resize,
     shells_for,
+    terminal_size,
 )
 from gpupool.services import apps, shell
 from gpupool.services.auth import Principal
@@ -75,8 +76,9 @@ async def exec_ws(websocket: WebSocket, ref: str) -> None:
     q = websocket.query_params
     argv = q.getlist("command")
     tty = _flag(q.get("tty"))
+    size = terminal_size(q.get("cols"), q.get("rows"))
     await _serve(websocket, ref, "exec", lambda: shell.check_argv(argv),
-                 lambda shells, loop, t: shells.exec(loop, t, argv, tty), argv=argv)  # fmt: skip
+                 lambda shells, loop, t: shells.exec(loop, t, argv, tty, size), argv=argv)  # fmt: skip
 
 
 @router.websocket("/workloads/{ref}/attach")

@@ -28,7 +28,9 @@ class KubeShells:
     def __init__(self, backend: KubernetesBackend) -> None:
         self.backend = backend
 
-    def exec(self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool) -> ShellSession:
+    def exec(
+        self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool, size: tuple[int, int] | None = None
+    ) -> ShellSession:
         from kubernetes.stream import stream
 
         name, ns = self._pod(target)
@@ -36,7 +38,10 @@ class KubeShells:
             self.backend.core.connect_get_namespaced_pod_exec, name, ns, container=CONTAINER, command=argv,
             stdin=True, stdout=True, stderr=True, tty=tty, _preload_content=False, binary=True,
         ))  # fmt: skip
-        return _Streamed(loop, ws)
+        session = _Streamed(loop, ws)
+        if tty and size is not None:
+            session.resize(*size)
+        return session
 
     def attach(self, loop: Loop, target: ShellTarget) -> ShellSession:
         from kubernetes.stream import stream

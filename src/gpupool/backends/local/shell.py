@@ -25,6 +25,7 @@ import signal
 import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -67,10 +68,12 @@ class LocalShells:
         self.runs = RunDir(backend.data_dir / "run")
 
     # -- exec ----------------------------------------------------------------------------------------------
-    def exec(self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool) -> ShellSession:
+    def exec(
+        self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool, size: tuple[int, int] | None = None
+    ) -> ShellSession:
         wrapper = self._wrapper(target)
         if self.backend.sandbox.in_container(target.alloc_id):
-            return self._exec_in_image(loop, target, argv, tty)
+            return self._exec_in_image(loop, target, argv, tty, size)
         inner = self._inside(target, wrapper) if self.sandboxed else _first_child(wrapper)
         spec = {"cwd": str(self.backend.workdir(target.workload_id)), "argv": argv, "env": _environ(inner)}
         memfd = os.memfd_create("gpupool-exec", 0)  # not inheritable: passed to the launcher alone
@@ -81,6 +84,7 @@ class LocalShells:
             launcher = [sys.executable, "-I", "-c", _LAUNCHER, str(memfd)]
             if tty:
                 master, slave = self._pty(inner)
+                _set_size(slave, size)
             if self.sandboxed:
                 uid = self.backend.sandbox.uid(target.project_id)
                 enter = ["nsenter", f"--target={inner}", "--mount", "--pid", "--ipc", "--uts", "--net", "--root"]
@@ -99,7 +103,9 @@ class LocalShells:
                 os.close(slave)
         return ProcessSession(loop, proc, master)
 
-    def _exec_in_image(self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool) -> ShellSession:
+    def _exec_in_image(
+        self, loop: Loop, target: ShellTarget, argv: list[str], tty: bool, size: tuple[int, int] | None
+    ) -> ShellSession:
         """`podman exec` into the member's container (images.exec_argv): the runtime applies the container's own
         identity, confinement and environment. A TTY is podman's to make inside; ours is the host's, its size
         passed on by podman on each SIGWINCH that a resize sends it."""
@@ -109,6 +115,8 @@ class LocalShells:
         cmd = images.exec_argv(images.name(target.alloc_id), self._identity(target), workdir, argv, tty, marker)
         master, slave = os.openpty() if tty else (None, None)
         try:
+            if slave is not None:
+                _set_size(slave, size)
             proc = _spawn(cmd, slave, ())
         except BaseException:
             if master is not None:
@@ -266,6 +274,11 @@ class _Attached(ShellSession):
         self._done.set()
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def _set_size(fd: int, size: tuple[int, int] | None) -> None:
+    if size is not None:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
 
 
 def _spawn(cmd: list[str], slave: int | None, fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
