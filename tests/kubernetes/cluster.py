@@ -21,10 +21,13 @@ STAGES = Path(__file__).with_name("kwok-stages.yaml")
 LOG_NAMESPACE = "gpupool-logs"
 
 
-def _port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_port = free_port  # the name tests/kubernetes/gate.py imports
 
 
 def host_ip() -> str:
@@ -49,8 +52,8 @@ class Cluster:
         self.root = root
         self.bin = bin_dir
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.port = _port()
-        self.etcd_port = _port()
+        self.port = free_port()
+        self.etcd_port = free_port()
         self.kubeconfig = root / "kubeconfig"
         self.token = "gpupool-test-token"
         self.apiserver_args = tuple(apiserver_args)
@@ -58,14 +61,17 @@ class Cluster:
         """Where kwok's kubelet API listens, and an address the API server will proxy to."""
         self.container_log = root / "container.log"
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        """Start a process of the cluster's (logged to `name`.log, in logs()); stop() kills it with the rest."""
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - kept for the process's life
-        self.procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
 
     def start(self) -> Cluster:
         r = self.root
-        etcd_port, peer_port = self.etcd_port, _port()
-        self._spawn(
+        etcd_port, peer_port = self.etcd_port, free_port()
+        self.spawn(
             "etcd",
             [
                 str(self.bin / "etcd"),
@@ -93,7 +99,7 @@ class Cluster:
             capture_output=True,
         )
         (r / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
-        self._spawn(
+        self.spawn(
             "kube-apiserver",
             [
                 str(self.bin / "kube-apiserver"),
@@ -131,7 +137,7 @@ class Cluster:
             )
         )
         self._wait_ready()
-        kubelet_port = _port()
+        kubelet_port = free_port()
         subprocess.run(
             ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=kwok",
              "-addext", f"subjectAltName=IP:{self.host}", "-keyout", str(r / "kwok.key"), "-out", str(r / "kwok.crt")],
@@ -148,7 +154,7 @@ class Cluster:
             },
         }
         (r / "kwok.yaml").write_text(STAGES.read_text() + "\n---\n" + yaml.safe_dump(logs))
-        self._spawn(
+        self.spawn(
             "kwok",
             [
                 str(self.bin / "kwok"),

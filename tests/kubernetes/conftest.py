@@ -1,4 +1,5 @@
-"""A real control plane (etcd, kube-apiserver, kwok) per test module, and gpupool servers on it."""
+"""A real control plane (etcd, kube-apiserver, kwok) per test module, gpupool servers on it, and on request the
+ecosystem's controllers (kube-controller-manager for Jobs, JobSet's manager) with a namespace's workloads."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 from tests.e2e.conftest import Server, Servers
 from tests.kubernetes.cluster import Cluster, binaries
+from tests.kubernetes.controllers import ControllerManager, JobSetManager, Workloads
 
 
 @pytest.fixture(scope="module")
@@ -51,4 +53,35 @@ def backend(cluster: Cluster) -> Iterator[KubernetesBackend]:
         yield b
     finally:
         b.close()
+        cluster.reset()
+
+
+@pytest.fixture(scope="module")
+def kube_controllers(cluster: Cluster) -> Iterator[ControllerManager]:
+    """kube-controller-manager on the module's cluster, running the Job controller and the garbage collector."""
+    m = ControllerManager(cluster).start()
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+@pytest.fixture(scope="module")
+def jobset_controller(kube_controllers: ControllerManager) -> Iterator[JobSetManager]:
+    """JobSet's controller manager (CRD applied, webhooks registered and served) beside kube_controllers."""
+    m = JobSetManager(kube_controllers.cluster).start()
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+@pytest.fixture
+def workloads(cluster: Cluster, kube_controllers: ControllerManager) -> Iterator[Workloads]:
+    """Jobs, JobSets and pods in the default namespace; every one of them, and every node, is gone after the test."""
+    w = Workloads(cluster)
+    try:
+        yield w
+    finally:
+        w.clear()
         cluster.reset()
