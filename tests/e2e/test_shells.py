@@ -23,7 +23,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from gpupool.backends.local import images
+from gpupool.backends.local import envs, images
 from tests.backends.test_environments import build_image
 from tests.e2e.conftest import GPUPOOL, Server, wait_for
 
@@ -48,14 +48,15 @@ def _env(s: Server, token: str) -> dict[str, str]:
     return s.env | {"GPUPOOL_URL": s.url, "GPUPOOL_TOKEN": token}
 
 
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _running(cmdline: bytes) -> bool:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
-                return True
-        except OSError:
-            continue
-    return False
+    return any(_cmdline(pid) == cmdline for pid in os.listdir("/proc") if pid.isdigit())
 
 
 def _under_pty(s: Server, token: str, *args: str) -> tuple[int, str]:
@@ -273,3 +274,38 @@ def _in_an_image(s: Server, image: str) -> None:
         for p in (attach, forward):
             p.kill()
             p.wait(10)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_exec_reaches_a_notebook_in_its_environment_and_a_service_in_its_private_network(
+    make_server: Callable[..., Server],
+) -> None:
+    s = make_server("fake:2xH100-80GB")
+    red, _ = _tenants(s)
+    s.cli("project", "set", "red", "--production-allowed")
+    s.cli("submit", "-p", "red", "--type", "notebook", "--name", "nb", "--gpu", "0.25", "--no-code", token=red)
+    s.cli("submit", "-p", "red", "--type", "inference", "--name", "web", "--port", "8125", "--no-code", "--",
+          "python3", "-m", "http.server", "8125", "--bind", "127.0.0.1", token=red)  # fmt: skip
+    s.wait_state("nb", "running", timeout=90)
+    s.wait_state("web", "running", timeout=60)
+    base = s.cli("open", "nb", token=red).stdout.strip()
+    up = lambda: httpx.get(base + "api/status", headers={"Authorization": f"Bearer {red}"}, timeout=10)  # noqa: E731
+    wait_for(lambda: up().status_code == 200, 120, "JupyterLab")
+
+    # The notebook's own environment (which has JupyterLab), never the server's.
+    which = "command -v python; python -c 'import sys, jupyterlab; print(sys.prefix)'"
+    nb = s.cli("exec", "nb", "--", "sh", "-c", which, token=red)
+    assert (nb.stdout, nb.stderr) == (f"{envs.INSIDE}/bin/python\n{envs.INSIDE}\n", "")
+
+    # The service's private network: its port answers inside and not on the host, and the exec is in the service's
+    # network namespace (the one its server, as the project's uid, listens in).
+    ask = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8125/').status)"
+    wait_for(lambda: s.cli("exec", "web", "--", "python3", "-c", ask, token=red, check=False).stdout == "200\n", 30,
+             "the service, from inside")  # fmt: skip
+    with pytest.raises(httpx.ConnectError):
+        httpx.get("http://127.0.0.1:8125/", timeout=10)
+    inside = s.cli("exec", "web", "--", "readlink", "/proc/self/ns/net", token=red).stdout.strip()
+    argv = b"python3\x00-m\x00http.server\x008125\x00--bind\x00127.0.0.1\x00"
+    served = {os.readlink(f"/proc/{p}/ns/net") for p in os.listdir("/proc")
+              if p.isdigit() and _cmdline(p) == argv and os.stat(f"/proc/{p}").st_uid != 0}  # fmt: skip
+    assert served == {inside} and inside != os.readlink("/proc/self/ns/net")
