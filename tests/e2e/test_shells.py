@@ -286,8 +286,26 @@ def test_exec_reaches_a_notebook_in_its_environment_and_a_service_in_its_private
     s.cli("submit", "-p", "red", "--type", "notebook", "--name", "nb", "--gpu", "0.25", "--no-code", token=red)
     s.cli("submit", "-p", "red", "--type", "inference", "--name", "web", "--port", "8125", "--no-code", "--",
           "python3", "-m", "http.server", "8125", "--bind", "127.0.0.1", token=red)  # fmt: skip
+    # A job whose environment takes forever to build: a local requirement whose build backend sleeps.
+    code = s.cwd / "slow-code"
+    (code / "slow").mkdir(parents=True)
+    (code / "requirements.txt").write_text("./slow\n")
+    (code / "slow" / "pyproject.toml").write_text(
+        '[project]\nname = "slow"\nversion = "1"\n'
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    )
+    (code / "slow" / "backend.py").write_text(
+        "import time\ndef get_requires_for_build_wheel(config_settings=None):\n    return []\n"
+        "def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):\n    time.sleep(600)\n"
+    )
+    s.cli("submit", "-p", "red", "--name", "slow", "--workdir", str(code), "--", "true", token=red)
     s.wait_state("nb", "running", timeout=90)
     s.wait_state("web", "running", timeout=60)
+    s.wait_state("slow", "running", timeout=60)
+    building = "error: slow (rank 0) is still building its Python environment; try again once it has started\n"
+    wait_for(lambda: s.cli("exec", "slow", "--", "true", token=red, check=False).stderr == building, 60,
+             "exec refused while the environment builds")  # fmt: skip
+    s.cli("cancel", "slow", token=red)
     base = s.cli("open", "nb", token=red).stdout.strip()
     up = lambda: httpx.get(base + "api/status", headers={"Authorization": f"Bearer {red}"}, timeout=10)  # noqa: E731
     wait_for(lambda: up().status_code == 200, 120, "JupyterLab")

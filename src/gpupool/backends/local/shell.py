@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpupool.backends.local import images
+from gpupool.backends.local import envs, images
 from gpupool.backends.local.runs import RunDir
 from gpupool.backends.local.sandbox import drop
-from gpupool.backends.local.telemetry import processes, tree
+from gpupool.backends.local.telemetry import Proc, processes, tree
 from gpupool.backends.shell import CHUNK, STDOUT, Loop, ProcessSession, ShellError, ShellSession, ShellTarget
 
 if TYPE_CHECKING:
@@ -206,6 +206,11 @@ class LocalShells:
         while level:  # breadth first: the shallowest match is the member itself, not one of its children
             for pid in sorted(level):
                 if _ns(pid) not in (None, outer) and _uid(pid) == uid:
+                    if _building(procs, pid, wrapper):
+                        raise ShellError(
+                            f"{target.workload} (rank {target.rank}) is still building its Python environment; "
+                            "try again once it has started"
+                        )
                     return pid
             level = [c for pid in level for c in children.get(pid, ())]
         raise ShellError(f"{target.workload} (rank {target.rank}) has not started its command yet; try again")
@@ -299,6 +304,17 @@ def _json(value: object) -> bytes:
     import json
 
     return json.dumps(value).encode()
+
+
+def _building(procs: dict[int, Proc], pid: int, wrapper: int) -> bool:
+    """Whether `pid` is a step of the member's environment build (envs.py runs it, then becomes the member)."""
+    builder = [os.fsencode(sys.executable), b"-I", os.fsencode(envs.__file__)]
+    while pid != wrapper and pid in procs:
+        pid = procs[pid].ppid
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3] == builder:
+                return True
+    return False
 
 
 def _ns(pid: int) -> str | None:
