@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     pool_label: str = "gpupool.io/pool"
     """The node label whose value names a node's pool (kubernetes)."""
     namespace_prefix: str = "gpupool-"
+    scheduler_name: str = Field("gpupool", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """The `spec.schedulerName` gpupool serves (kubernetes): a pod naming it, with a project, is a workload gpupool
+    schedules and binds; gpupool's own pods name it too."""
     default_image: str = "python:3.12-slim"
     gpus: str = "auto"
     """'auto' (NVML, else simulated), 'nvml', or 'fake:<count>x<model>-<memory GB>[,...]'."""
