@@ -36,6 +36,14 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_image(tmp_path_factory.mktemp("image"), IMAGE)
 
 
+def _remove_containers(s: Server) -> None:
+    """The server's containers (the fixture's teardown kills wrappers, which podman's monitors outlive)."""
+    podman = [shutil.which("podman") or "podman", *images.global_options()]
+    names = [images.name(p.stem) for p in (s.data_dir / "containers").glob("*")]
+    if names:
+        subprocess.run([*podman, "rm", "--force", "--ignore", "--time", "0", *names], capture_output=True, check=False)
+
+
 def _tenants(s: Server) -> tuple[str, str]:
     s.cli("project", "create", "red", "--deserved-gpus", "1")
     s.cli("project", "create", "blue", "--deserved-gpus", "1")
@@ -190,15 +198,20 @@ def test_attach_talks_to_a_jobs_stdin_and_port_forward_reaches_its_server(make_s
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_exec_on_a_single_user_server_runs_in_the_workdir_with_the_workloads_environment(
-    make_server: Callable[..., Server],
+    make_server: Callable[..., Server], image: str
 ) -> None:
     s = make_server("fake:1xH100-80GB", "--single-user")
     s.cli("project", "create", "solo", "--deserved-gpus", "1")
     s.cli("submit", "-p", "solo", "--name", "job", "--env", "GREETING=hi", "--", "sleep", "603")
-    job = s.wait_state("job", "running", timeout=60)
-    done = s.cli("exec", "job", "--", "sh", "-c", 'pwd; echo "$GREETING"; id -u; exit 3', check=False)
-    workdir = s.data_dir / "workloads" / str(job["id"])
-    assert (done.returncode, done.stdout, done.stderr) == (3, f"{workdir}\nhi\n{os.geteuid()}\n", "")
+    s.cli("submit", "-p", "solo", "--name", "boxed", "--image", image, "--env", "GREETING=hey", "--", "sleep", "606")
+    try:
+        for name, greeting in (("job", "hi"), ("boxed", "hey")):
+            job = s.wait_state(name, "running", timeout=60)
+            done = s.cli("exec", name, "--", "sh", "-c", 'pwd; echo "$GREETING"; id -u; exit 3', check=False)
+            workdir = s.data_dir / "workloads" / str(job["id"])
+            assert (done.returncode, done.stdout, done.stderr) == (3, f"{workdir}\n{greeting}\n{os.geteuid()}\n", "")
+    finally:
+        _remove_containers(s)
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -209,13 +222,7 @@ def test_exec_attach_and_port_forward_reach_a_member_in_an_image(
     try:
         _in_an_image(s, image)
     finally:
-        # Its containers go (the fixture's teardown kills wrappers, which podman's monitors outlive).
-        podman = [shutil.which("podman") or "podman", *images.global_options()]
-        names = [images.name(p.stem) for p in (s.data_dir / "containers").glob("*")]
-        if names:
-            subprocess.run(
-                [*podman, "rm", "--force", "--ignore", "--time", "0", *names], capture_output=True, check=False
-            )
+        _remove_containers(s)
 
 
 def _in_an_image(s: Server, image: str) -> None:
