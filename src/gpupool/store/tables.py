@@ -195,6 +195,7 @@ class WorkloadRow(Base):
         Index("ix_workloads_owner_id", "owner_id", "id"),
         # A queued workload's place in its project's queue is counted from this index alone (describe).
         Index("ix_workloads_queue_order", "project_id", "state", "hold", "priority", "queued_at", "id"),
+        Index("uq_workloads_origin_uid", "origin_uid", unique=True),
     )
     __mapper_args__ = {"eager_defaults": True}  # noqa: RUF012 - read once, by the mapper
     """A write reads its new version back in the same statement (RETURNING)."""
@@ -248,6 +249,11 @@ class WorkloadRow(Base):
     grace_s: Mapped[float] = mapped_column(Float)
     app_token: Mapped[str | None] = mapped_column(String(64), nullable=True)
     state: Mapped[str] = mapped_column(String(16))
+    origin: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """Where a workload gpupool did not submit comes from: {kind: "Pod", namespace, name, uid} for a Kubernetes pod
+    that names gpupool as its scheduler; None for what was submitted to gpupool."""
+    origin_uid: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """That object's uid: one workload per pod, however often the pods are listed again."""
     reason_event: Mapped[str] = mapped_column(String(32), default="queued", server_default="queued")
     """Its current reason: the lifecycle's EventCode of its last step (or "queued" with the scheduler's reason),
     the StopReason or PendingReason, and their arguments. The sentence is rendered from them at the edge."""
