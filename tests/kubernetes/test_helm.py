@@ -1,15 +1,19 @@
 """The Helm chart (deploy/helm/gpupool), rendered and linted by a real helm (built by scripts/build-helm) and its
 objects sent to a real API server: the same Deployment, RBAC and Service as deploy/kubernetes/gpupool.yaml, so the
-two cannot drift; a budget; bad values refused by the schema; and the docs' install and upgrade run as printed."""
+two cannot drift; a budget; the scheduler name passed on; an optional ServiceMonitor, dry-run against
+prometheus-operator's own CRD (from its Go module, pinned); bad values refused by the schema; and the docs' install
+and upgrade run as printed."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import re
 import shlex
 import subprocess
+import tempfile
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +24,7 @@ import yaml
 
 from kubernetes import client, utils
 from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.controllers import poll
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "gpupool"
@@ -28,6 +33,9 @@ DOCS = REPO / "docs" / "kubernetes.md"
 NAMESPACE = "gpupool-system"
 SELECTOR = {"app.kubernetes.io/name": "gpupool", "app.kubernetes.io/instance": "gpupool"}
 MADE_SECRET = ("--set", "database.existingSecret=,database.url=postgresql://gpupool@db:5432/gpupool")
+# The CRD the ServiceMonitor is checked against: prometheus-operator's, from its Go module (4 MB, cached by Go).
+PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
+SERVICE_MONITOR_CRD = "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
 
 
 @functools.cache
@@ -117,6 +125,7 @@ def test_the_defaults_render_the_manifests_objects_and_a_budget(helm_env: dict[s
         k: v for k, v in expected.items() if k != "template"
     }
     assert pod == expected["template"]["spec"]
+    assert {"name": "GPUPOOL_SCHEDULER_NAME", "value": "gpupool"} in pod["containers"][0]["env"]
     assert deployment["template"]["metadata"] == {
         "labels": {
             **SELECTOR,
@@ -134,6 +143,96 @@ def test_the_defaults_render_the_manifests_objects_and_a_budget(helm_env: dict[s
     )
     service = chart["Service"]["spec"]
     assert (service["selector"], service["ports"]) == (SELECTOR, plain["Service"]["spec"]["ports"])
+
+
+def test_the_scheduler_name_reaches_the_server(helm_env: dict[str, str]) -> None:
+    pod = by_kind(render(helm_env, "--set", "schedulerName=gpu-scheduler"))["Deployment"]["spec"]["template"]["spec"]
+    env = pod["containers"][0]["env"]
+    assert [e for e in env if e["name"] == "GPUPOOL_SCHEDULER_NAME"] == [
+        {"name": "GPUPOOL_SCHEDULER_NAME", "value": "gpu-scheduler"}
+    ]
+
+
+SERVICE_MONITOR = (
+    "--set",
+    "serviceMonitor.enabled=true,serviceMonitor.labels.release=kube-prometheus-stack,serviceMonitor.interval=1m",
+)
+
+
+def test_the_service_monitor_is_off_by_default_and_scrapes_metrics_with_the_token_when_on(
+    helm_env: dict[str, str],
+) -> None:
+    assert "ServiceMonitor" not in by_kind(render(helm_env))
+    docs = by_kind(render(helm_env, *SERVICE_MONITOR))
+    monitor = docs["ServiceMonitor"]
+    assert (monitor["apiVersion"], monitor["metadata"]["name"], monitor["metadata"]["namespace"]) == (
+        "monitoring.coreos.com/v1",
+        "gpupool",
+        NAMESPACE,
+    )
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # It selects the chart's Service (and no other) and scrapes its named port.
+    assert monitor["spec"]["selector"] == {"matchLabels": SELECTOR}
+    assert docs["Service"]["metadata"]["labels"].items() >= SELECTOR.items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert [p["name"] for p in docs["Service"]["spec"]["ports"]] == ["http"]
+    assert monitor["spec"]["endpoints"] == [
+        {
+            "port": "http",
+            "path": "/metrics",
+            "scheme": "http",
+            "interval": "1m",
+            "scrapeTimeout": "10s",
+            "authorization": {"type": "Bearer", "credentials": {"name": "gpupool-metrics", "key": "token"}},
+        }
+    ]
+    # The pods serve HTTPS: so does the scrape, trusting what the values say.
+    tls = render(
+        helm_env, *SERVICE_MONITOR, "--set", "tls.existingSecret=tls,serviceMonitor.tlsConfig.ca.secret.name=ca"
+    )
+    endpoint = by_kind(tls)["ServiceMonitor"]["spec"]["endpoints"][0]
+    assert (endpoint["scheme"], endpoint["tlsConfig"]) == ("https", {"ca": {"secret": {"name": "ca"}}})
+
+
+def service_monitor_crd() -> dict[str, Any]:
+    done = subprocess.run(
+        ["go", "mod", "download", "-json", PROMETHEUS_OPERATOR],
+        cwd=tempfile.gettempdir(),  # outside any Go module
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    crd: dict[str, Any] = yaml.safe_load((Path(json.loads(done.stdout)["Dir"]) / SERVICE_MONITOR_CRD).read_text())
+    return crd
+
+
+def test_the_service_monitor_passes_a_server_side_dry_run_against_prometheus_operators_crd(
+    cluster: Cluster, helm_env: dict[str, str]
+) -> None:
+    namespace(cluster)
+    api = cluster.api()
+    extensions = client.ApiextensionsV1Api(api)
+    extensions.create_custom_resource_definition(service_monitor_crd())
+
+    def established() -> bool:
+        status = extensions.read_custom_resource_definition("servicemonitors.monitoring.coreos.com").status
+        return any(c.type == "Established" and c.status == "True" for c in status.conditions or [])
+
+    poll("the ServiceMonitor CRD to be established", established, timeout=30)
+    monitor = by_kind(render(helm_env, *SERVICE_MONITOR))["ServiceMonitor"]
+    custom = client.CustomObjectsApi(api)
+    made = custom.create_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", NAMESPACE, "servicemonitors", monitor, dry_run="All"
+    )
+    assert made["spec"]["endpoints"] == monitor["spec"]["endpoints"]  # nothing pruned: every field is the CRD's
+    bad = copy.deepcopy(monitor)
+    bad["spec"]["endpoints"][0]["interval"] = "every minute"
+    with pytest.raises(client.ApiException) as refused:
+        custom.create_namespaced_custom_object(
+            "monitoring.coreos.com", "v1", NAMESPACE, "servicemonitors", bad, dry_run="All"
+        )
+    assert refused.value.status == 422
 
 
 def namespace(cluster: Cluster) -> client.CoreV1Api:
@@ -223,6 +322,9 @@ def test_the_docs_install_and_upgrade_run_as_printed(cluster: Cluster, helm_env:
         (("--set", "leaseTTLSeconds=1"), "- at '/leaseTTLSeconds': minimum: got 1, want 2"),
         (("--set", "replicas=3"), "- at '': additional properties 'replicas' not allowed"),
         (("--set", "podAntiAffinity=strict"), "- at '/podAntiAffinity': value must be one of 'soft', 'hard', 'none'"),
+        (("--set", "schedulerName=Gpu_Pool"), "- at '/schedulerName': 'Gpu_Pool' does not match pattern"),
+        (("--set", "serviceMonitor.interval=30 s"), "- at '/serviceMonitor/interval': '30 s' does not match pattern"),
+        (("--set", "serviceMonitor.tokenSecret.name="), "- at '/serviceMonitor/tokenSecret/name': minLength: got 0"),
     ],
 )
 def test_a_bad_value_is_refused_by_the_schema(helm_env: dict[str, str], values: tuple[str, ...], message: str) -> None:
