@@ -11,6 +11,7 @@ import re
 import select
 import shlex
 import shutil
+import signal
 import struct
 import subprocess
 import termios
@@ -254,6 +255,29 @@ def _in_an_image(s: Server, image: str) -> None:
     # A terminal, sized as the CLI's.
     code, out = _under_pty(s, red, "exec", "boxed", "--", "sh", "-c", "busybox tty; busybox stty size; exit 4")
     assert code == 4 and re.fullmatch(r"/dev/pts/\d+\r\n40 100\r\n", out), out
+
+    # The window resized mid-session: podman passes the new size on to the terminal it made.
+    script = "busybox stty size; while read -r x; do busybox stty size; done"
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+        os.chdir(s.cwd)
+        os.execve(GPUPOOL, [GPUPOOL, "exec", "boxed", "--", "sh", "-c", script], _env(s, red))
+    seen = bytearray()
+
+    def shows(size: bytes) -> bool:
+        if select.select([fd], [], [], 0.2)[0]:
+            seen.extend(os.read(fd, 4096))
+        return size in seen
+
+    try:
+        wait_for(lambda: shows(b"40 100\r\n"), 30, "the first size")
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 120, 0, 0))  # the kernel tells the CLI: SIGWINCH
+        wait_for(lambda: os.write(fd, b"\n") and shows(b"50 120\r\n"), 30, "the new size")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
 
     # A client that goes ends its command, which podman alone would leave running.
     gone = subprocess.Popen([GPUPOOL, "exec", "boxed", "--", "sleep", "605"], env=_env(s, red), cwd=s.cwd,
