@@ -129,7 +129,7 @@ def test_the_defaults_render_the_manifests_objects_and_a_budget(helm_env: dict[s
     assert deployment["template"]["metadata"] == {
         "labels": {
             **SELECTOR,
-            "helm.sh/chart": "gpupool-0.1.0",
+            "helm.sh/chart": "gpupool-0.2.0",
             "app.kubernetes.io/version": "0.1.0",
             "app.kubernetes.io/component": "control-plane",
             "app.kubernetes.io/managed-by": "Helm",
