@@ -139,7 +139,8 @@ def test_a_container_starts_once_and_goes_with_its_release(tmp_path: Path, image
     podman = [shutil.which("podman") or "podman", *images_mod.global_options()]
 
     def running() -> bool:
-        ps = subprocess.run([*podman, "ps", "-q", "--filter", "name=^gpupool-5-0-0$"], capture_output=True, text=True)
+        name = images_mod.name("5-0-0", b.data_dir)
+        ps = subprocess.run([*podman, "ps", "-q", "--filter", f"name=^{name}$"], capture_output=True, text=True)
         return bool(ps.stdout.strip())
 
     deadline = time.monotonic() + 60

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpupool.backends.local import images
 from gpupool.client import Client
 from tests.e2e.postgres import Postgres
 
@@ -119,10 +120,14 @@ class Server:
         return dict(wait_for(check, timeout, f"{name} to be {' or '.join(states)}"))
 
     def stop_workloads(self) -> None:
-        """Kill every process group the server started (tests leave nothing behind)."""
+        """Kill every process group the server started, and remove its containers: podman's own process for one
+        outlives the member's wrapper (tests leave nothing behind)."""
         for rec in (self.data_dir / "run").glob("*.json"):
             with contextlib.suppress(OSError, ValueError, KeyError):
                 os.killpg(int(json.loads(rec.read_text())["pid"]), signal.SIGKILL)
+        containers = self.data_dir / "containers"
+        for marker in containers.iterdir() if containers.is_dir() else ():
+            images.remove(images.name(marker.name, self.data_dir))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -37,9 +37,10 @@ def _podman(*args: str) -> str:
     return subprocess.run([*podman, *args], capture_output=True, text=True, timeout=60, check=True).stdout
 
 
-def _containers(alloc_id: str) -> list[str]:
-    """The ids of the containers (running or not) of one allocation."""
-    return _podman("ps", "-a", "--filter", f"name=^{images.name(alloc_id)}$", "--format", "{{.ID}}").split()
+def _containers(s: Server, alloc_id: str) -> list[str]:
+    """The ids of the containers (running or not) of one allocation of this server's."""
+    name = images.name(alloc_id, s.data_dir)
+    return _podman("ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.ID}}").split()
 
 
 @pytest.fixture
@@ -52,8 +53,7 @@ def server(make_server: Callable[..., Server], monkeypatch: pytest.MonkeyPatch) 
     ana = s.client(s.json("user", "create", "ana", "--project", "vision")["token"])
     yield s, ana
     s.kill()
-    for run in (s.data_dir / "run").glob("*.json"):
-        _podman("rm", "--force", "--ignore", "--time", "0", images.name(run.stem))
+    s.stop_workloads()
 
 
 def _log(ana: Client, name: str) -> str:
@@ -135,15 +135,15 @@ def test_a_container_outlives_a_killed_server_is_adopted_and_stopped_with_its_gr
     s.wait_state("long", "running", timeout=60)
     wait_for(lambda: _log(ana, "long") == "up\n", 60, "the container to start")
     alloc = f"{w.id}-0-0"
-    first = _containers(alloc)
+    first = _containers(s, alloc)
     assert len(first) == 1
     s.kill()  # SIGKILL: no chance to clean up; the container runs on
-    assert _containers(alloc) == first
+    assert _containers(s, alloc) == first
     s.start()
-    assert (s.workload("long")["state"], _containers(alloc)) == ("running", first)
+    assert (s.workload("long")["state"], _containers(s, alloc)) == ("running", first)
     ana.cancel("long")
     # Well within its grace: the cancel reached the container (its TERM), not a kill at the grace's end.
     s.wait_state("long", "cancelled", timeout=15)
     # One start (a relaunch would print "up" again, or be refused its name), one container, the same one.
     assert _log(ana, "long") == "up\nTERM\n"
-    wait_for(lambda: _containers(alloc) == [], 30, "its container to be removed")
+    wait_for(lambda: _containers(s, alloc) == [], 30, "its container to be removed")

@@ -10,7 +10,6 @@ import pty
 import re
 import select
 import shlex
-import shutil
 import signal
 import struct
 import subprocess
@@ -24,7 +23,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from gpupool.backends.local import envs, images
+from gpupool.backends.local import envs
 from tests.backends.test_environments import build_image
 from tests.e2e.conftest import GPUPOOL, Server, wait_for
 
@@ -38,11 +37,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _remove_containers(s: Server) -> None:
-    """The server's containers (the fixture's teardown kills wrappers, which podman's monitors outlive)."""
-    podman = [shutil.which("podman") or "podman", *images.global_options()]
-    names = [images.name(p.stem) for p in (s.data_dir / "containers").glob("*")]
-    if names:
-        subprocess.run([*podman, "rm", "--force", "--ignore", "--time", "0", *names], capture_output=True, check=False)
+    """The server's containers (podman's monitors outlive the wrappers the server's teardown kills)."""
+    s.stop_workloads()
 
 
 def _tenants(s: Server) -> tuple[str, str]:

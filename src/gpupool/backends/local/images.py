@@ -17,6 +17,7 @@ line others can read. This file runs as a script to add those names (`python -I 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import math
 import os
@@ -59,8 +60,11 @@ class Container:
     """Project volumes: (host directory, path inside, read-only), bound as the sandbox binds them."""
 
 
-def name(alloc_id: str) -> str:
-    return f"gpupool-{alloc_id}"
+def name(alloc_id: str, data_dir: Path) -> str:
+    """A member's container: allocation ids repeat between servers (each counts from 1), so the name carries its
+    server's data directory too, and two servers on one host never take each other's containers."""
+    scope = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:8]
+    return f"gpupool-{scope}-{alloc_id}"
 
 
 def podman() -> str | None:

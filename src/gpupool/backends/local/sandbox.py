@@ -304,7 +304,7 @@ class Sandbox:
         self._containers.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self._containers / member.alloc_id).touch()  # release() removes what may still run under its name
         return images.Container(
-            name=images.name(member.alloc_id),
+            name=images.name(member.alloc_id, self.data_dir),
             image=str(member.image),
             uid=uid,
             gid=gid,
@@ -340,7 +340,10 @@ class Sandbox:
         is no descendant of the member's wrapper (podman's monitor runs apart), so signals to the wrapper's
         process group never reach it. Returns at once; podman waits out the grace on a thread of its own."""
         threading.Thread(
-            target=images.stop, args=(images.name(alloc_id), grace_s), name=f"gpupool-stop-{alloc_id}", daemon=True
+            target=images.stop,
+            args=(images.name(alloc_id, self.data_dir), grace_s),
+            name=f"gpupool-stop-{alloc_id}",
+            daemon=True,
         ).start()
 
     def release(self, alloc_id: str) -> None:
@@ -348,7 +351,7 @@ class Sandbox:
         podman's monitor is no child of the wrapper) once its processes are gone."""
         marker = self._containers / alloc_id
         if marker.exists():
-            images.remove(images.name(alloc_id))
+            images.remove(images.name(alloc_id, self.data_dir))
             with contextlib.suppress(OSError):
                 marker.unlink()
         for kind in ("passwd", "group"):

@@ -112,7 +112,8 @@ class LocalShells:
         first = self._container_pid(target)
         marker = secrets.token_hex(16)
         workdir = str(self.backend.workdir(target.workload_id))
-        cmd = images.exec_argv(images.name(target.alloc_id), self._identity(target), workdir, argv, tty, marker)
+        container = images.name(target.alloc_id, self.backend.data_dir)
+        cmd = images.exec_argv(container, self._identity(target), workdir, argv, tty, marker)
         master, slave = os.openpty() if tty else (None, None)
         try:
             if slave is not None:
@@ -181,7 +182,7 @@ class LocalShells:
         return pid
 
     def _container_pid(self, target: ShellTarget) -> int:
-        pid = images.pid(images.name(target.alloc_id))
+        pid = images.pid(images.name(target.alloc_id, self.backend.data_dir))
         if pid is None:
             raise ShellError(f"{target.workload} (rank {target.rank}) has not started its container yet; try again")
         return pid
