@@ -120,10 +120,12 @@ def _cancel(w: World, t: str) -> Request:
     return "POST", f"/api/v1/workloads/{name}/cancel", None, {"project": _project(t)}
 
 
-def _finished(w: World, t: str) -> str:
-    """A fresh workload of the tenant's project that has ended (cycles run by hand: no loop runs here)."""
-    name = w.fresh("f")
-    w.admin("POST", "/api/v1/workloads", {"project": _project(t), "name": name, "command": ["true"]})
+def _finished(w: World, t: str, name: str | None = None) -> str:
+    """A fresh workload of the tenant's project (or the one named) that has ended (cycles run by hand: no loop
+    runs here)."""
+    if name is None:
+        name = w.fresh("f")
+        w.admin("POST", "/api/v1/workloads", {"project": _project(t), "name": name, "command": ["true"]})
     deadline = time.monotonic() + 30
     while w.admin("GET", f"/api/v1/workloads/{name}", params={"project": _project(t)})["state"] != "succeeded":
         assert time.monotonic() < deadline, f"{name} did not end"
@@ -167,6 +169,12 @@ def _delete_secret(w: World, t: str) -> Request:
     name = _secret_name(w)
     w.admin("PUT", f"/api/v1/projects/{_project(t)}/secrets/{name}", {"value": "x"})
     return "DELETE", f"/api/v1/projects/{_project(t)}/secrets/{name}", None, {}
+
+
+def _delete_volume(w: World, t: str) -> Request:
+    name = w.fresh("v")
+    w.admin("POST", "/api/v1/volumes", {"project": _project(t), "name": name, "size": "64MiB"})
+    return "DELETE", f"/api/v1/volumes/{name}", None, {"project": _project(t)}
 
 
 CASES: dict[str, Case] = {
@@ -290,6 +298,40 @@ CASES: dict[str, Case] = {
         lambda w, t: ("GET", f"/api/v1/workloads/{_workload(t)}/code/blobs/{EMPTY}", None, {"project": _project(t)}),
         _by(set(), set(), 404, denied_visible=404),
     ),
+    # w1 and w2, once ended, have a working directory: readers get it (a tar); writers sending no tar hear so.
+    "get_files": (
+        lambda w, t: (
+            "GET",
+            f"/api/v1/workloads/{_finished(w, t, _workload(t))}/files",
+            None,
+            {"project": _project(t)},
+        ),
+        _by(SEES_OWN, SEES_OTHER, 200),
+    ),
+    "put_files": (
+        lambda w, t: (
+            "PUT",
+            f"/api/v1/workloads/{_finished(w, t, _workload(t))}/files",
+            None,
+            {"project": _project(t)},
+        ),
+        _by(WRITERS_OWN, MANAGERS_OTHER, 422),
+    ),
+    "get_workload_metrics": (
+        lambda w, t: ("GET", f"/api/v1/workloads/{_workload(t)}/metrics", None, {"project": _project(t)}),
+        _by(SEES_OWN, SEES_OTHER, 200),
+    ),
+    "create_volume": (
+        lambda w, t: ("POST", "/api/v1/volumes", {"project": _project(t), "name": w.fresh("v"), "size": "64MiB"}, {}),
+        _by(WRITERS_OWN, MANAGERS_OTHER, 201),
+    ),
+    "list_volumes": (
+        lambda w, t: ("GET", "/api/v1/volumes", None, {"project": _project(t)}),
+        _by(SEES_OWN, SEES_OTHER, 200),
+    ),
+    "delete_volume": (_delete_volume, _by(WRITERS_OWN, MANAGERS_OTHER, 204)),
+    # The portal's sign-in with a token: the caller's own token into its own cookies, whoever the caller is.
+    "cookie_session": (lambda w, t: ("POST", "/api/v1/session", None, {}), _everyone(200)),
     "get_nodes": (lambda w, t: ("GET", "/api/v1/nodes", None, {}), _everyone(200)),
     "list_pools": (lambda w, t: ("GET", "/api/v1/pools", None, {}), _everyone(200)),
     "update_pool": (
@@ -333,7 +375,7 @@ ELSEWHERE = {"login", "logout"}
 def _fingerprint(w: World) -> str:
     """Everything a request could change, but the audit trail and when a token was last used."""
     tables = ("queues", "quotas", "users", "memberships", "workloads", "events", "allocations", "pools", "secrets",
-              "code_blobs", "code_manifests")  # fmt: skip
+              "code_blobs", "code_manifests", "volumes")  # fmt: skip
     digest = hashlib.sha256()
     with w.api.ctx.sessions() as s:
         for table in tables:
@@ -358,6 +400,7 @@ def test_the_matrix(world: World, operation: str) -> None:
         for actor in ACTORS:
             method, path, body, params = build(world, tenant)
             before = _fingerprint(world)
+            world.http.cookies.clear()  # each actor is its header alone (the session case sets the portal's cookies)
             r = world.http.request(method, path, json=body, params=params, headers=world.as_(actor))
             got[actor, tenant] = r.status_code
             anonymous = actor in ("anonymous", "bad") and operation not in NO_AUTH
@@ -389,8 +432,9 @@ def test_every_mutating_operation_leaves_an_audit_record(world: World) -> None:
     w = world
     mutating = [(m.upper(), path) for path, ops in w.api.app.openapi()["paths"].items() for m in ops
                 if m.upper() in ("POST", "PUT", "PATCH", "DELETE")]  # fmt: skip
-    # 19, single sign-on's session, device and device/{handle}, 4 of code, and rerun, delete and apply
-    assert len(mutating) == 29
+    # 19, single sign-on's session, device and device/{handle}, 4 of code, rerun, delete and apply, volumes' create
+    # and delete, a workload's files, and the portal's cookie session
+    assert len(mutating) == 33
     for i, (method, path) in enumerate(mutating):
         concrete = path.replace("{name}", "p1").replace("{user}", "member").replace("{token_id}", "1")
         concrete = concrete.replace("{ref}", "w1").replace("{handle}", "h" * 43).replace("{digest}", EMPTY)
