@@ -85,7 +85,7 @@ def test_a_job_over_its_projects_limit_names_the_quota_and_its_numbers(
     monkeypatch.setenv("COLUMNS", "200")  # the table as a wide terminal shows it, one line a row
     print_list([WorkloadPublic.model_validate(listed["b"])])
     row = next(line for line in capsys.readouterr().out.splitlines() if " b " in line)
-    assert [cell.strip() for cell in row.strip("│ ").split("│")][4:8] == [
+    assert [cell.strip() for cell in row.strip("│ ").split("│")][5:9] == [
         "pending", "2 GPUs", "-", "over limit: vision 2+2/3 GPUs in default",
     ]  # fmt: skip
 
