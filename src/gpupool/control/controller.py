@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpupool.backends.base import Backend, LaunchSpec, Sample, VolumeSpec
 from gpupool.control.apply import act, persist, sequential
 from gpupool.control.estimates import Estimates
+from gpupool.control.foreign import Adoption
 from gpupool.control.loop import SchedulerLoop
 from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.reconcile import reconcile
@@ -112,6 +113,8 @@ class Controller:
         self._failing: str | None = None
         self._memo = Memo()
         self.estimates = Estimates(sessions, self.config)
+        self.adoption = Adoption()
+        """Pods gpupool did not make that name it as their scheduler (kubernetes), and their workloads."""
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
         self.fence = fence
         """Called with the cycle's session before each of its commits; raises to stop a deposed leader acting."""
@@ -271,6 +274,7 @@ class Controller:
         with s.no_autoflush:
             with self._step("reconcile"):
                 self._release_retries(now)
+                self.adoption.admit(self.sessions, self.backend, now, self._commit)
                 observed = self.backend.observe()
                 queues = list(s.scalars(select(QueueRow)))
                 projects = {q.id: q.name for q in queues}
@@ -323,6 +327,7 @@ class Controller:
         failpoint("cycle.before-events")
         with self._step("commit_events"):
             self._commit_checked(s, acting, [])
+        self.adoption.explain(self.view, self.backend)
         if now >= self._next_collect:
             self._next_collect = now + COLLECT_EVERY_S
             collect_workdirs(s, self.backend, now - self.workdir_retention_s)

@@ -232,6 +232,15 @@ class QueuePosition(Reply):
     project_queued: int
 
 
+class WorkloadOrigin(Reply):
+    """The object a workload was adopted from: a Kubernetes pod that names gpupool as its scheduler."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+
 class WorkloadDetail(WorkloadPublic):
     command: list[str]
     cpu_milli: int = 0
@@ -272,6 +281,8 @@ class WorkloadDetail(WorkloadPublic):
     attempts: list[AttemptPublic] = Field(default_factory=list)
     """Its attempts, the one under way last; `history` holds earlier workloads of its name."""
     history: list[HistoryItem] = Field(default_factory=list)
+    origin: WorkloadOrigin | None = None
+    """Where it comes from when gpupool did not take its submission: the Kubernetes pod it schedules."""
 
 
 class Page(Reply, Generic[T]):

@@ -16,6 +16,7 @@ from gpupool.models.schemas import (
     EventPublic,
     QueuePosition,
     WorkloadDetail,
+    WorkloadOrigin,
     WorkloadPublic,
 )
 from gpupool.services import reasons
@@ -148,4 +149,5 @@ def workload_detail(
         idle_threshold_pct=policy.idle_threshold_pct,
         position=position,
         rightsizing=rightsizing,
+        origin=WorkloadOrigin.model_validate(row.origin) if row.origin else None,
     )

@@ -22,6 +22,7 @@ from gpupool.backends.base import (
     Sample,
     VolumeSpec,
 )
+from gpupool.backends.kubernetes.adoption import ForeignPods
 from gpupool.backends.kubernetes.dcgm import DcgmScraper, DcgmSettings, PodIndex, to_sample
 from gpupool.backends.kubernetes.files import PodFiles
 from gpupool.backends.kubernetes.logs import follow
@@ -30,6 +31,7 @@ from gpupool.backends.kubernetes.manifests import (
     MANAGED,
     MEMBER,
     PSA_ENFORCE,
+    SCHEDULER,
     SECRETS,
     SYSTEM_NAMESPACE,
     UID_BASE,
@@ -86,6 +88,8 @@ class KubeSettings:
     """The server's API as pods reach it: where a pod's init step fetches its workload's code."""
     code_image: str = SERVER_IMAGE
     """The image of that init step: any with gpupool's client (`python -m gpupool.client.code`)."""
+    scheduler_name: str = SCHEDULER
+    """The `spec.schedulerName` gpupool serves: pods it did not make that name it are scheduled by gpupool."""
 
 
 class KubernetesBackend:
@@ -127,8 +131,10 @@ class KubernetesBackend:
         self._background = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpupool-kube-delete")
         self.watch = PodWatch(
             self.core, on_change, timeout_s=settings.watch_timeout_s, stale_after_s=settings.stale_after_s,
-            unseen_for_s=settings.unseen_for_s,
+            unseen_for_s=settings.unseen_for_s, scheduler=settings.scheduler_name,
         )  # fmt: skip
+        self.foreign = ForeignPods(self.core, client, self.watch, settings.scheduler_name)
+        """The pods that name gpupool's scheduler without gpupool having made them (gpupool.control.foreign)."""
         self.watch.start(settings.sync_wait_s)
         self._dcgm = DcgmScraper(self.core, settings.dcgm) if settings.dcgm is not None else None
 
@@ -147,7 +153,7 @@ class KubernetesBackend:
                 self._not_ready_since.setdefault(name, now)
             node = node_from(obj, self.settings.pool_label, not_ready=not ready(obj))
             if node is not None and node.devices:
-                out.append(node)
+                out.append(self.foreign.less_used(node))
         with self._lock:
             self._models = {n.name: n.devices[0].model for n in out}
             for gone in set(self._not_ready_since) - seen:
@@ -160,6 +166,10 @@ class KubernetesBackend:
 
     # -- launch, stop, observe -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> None:
+        foreign = self.foreign.claimed(spec.workload_id)
+        if foreign is not None:
+            self.foreign.bind(spec, foreign, self._reserve, self._unreserve)
+            return
         ns = namespace_for(spec.project, self.settings.namespace_prefix)
         try:
             self._ensure_namespace(ns, check_level(spec.pod_security))
@@ -292,6 +302,11 @@ class KubernetesBackend:
     def forget(self, alloc_id: str) -> None:
         """Delete an ended member's pod in the background: the loop need not wait on the API server for it."""
         where = self._where(alloc_id)
+        with self.watch.lock:
+            known = self.watch.pods.get(alloc_id)
+        theirs = alloc_id in self.foreign.allocs if known is None else _labels(known).get(MANAGED) != "true"
+        if theirs:
+            where = None  # a pod gpupool did not make is its own controller's to delete once it has ended
         if where is not None:
             self._background.submit(self._delete, *where)
             with self.watch.lock:
@@ -467,6 +482,10 @@ def _devices(pod: dict[str, Any]) -> list[tuple[int, int]]:
     """(device index, milli-GPU) of each device granted, from the pod's annotation."""
     text = (pod["metadata"].get("annotations") or {}).get(DEVICES, "")
     return [(int(i), int(m)) for i, m in (part.split(":") for part in text.split(",") if part)]
+
+
+def _labels(pod: dict[str, Any]) -> dict[str, str]:
+    return dict(pod["metadata"].get("labels") or {})
 
 
 def _exit_code(pod: dict[str, Any], default: int) -> int | None:

@@ -64,7 +64,7 @@ _parse: Callable[[object], Decimal] = kube_utils.parse_quantity
 """The client's own reading of Kubernetes quantities (it is untyped)."""
 
 
-def _quantity(value: object, scale: int) -> int:
+def quantity(value: object, scale: int) -> int:
     """A resource quantity ("96", "500m", "1Ti") in units of 1/scale, rounded down; 0 where it is not one."""
     try:
         return int(_parse(value) * scale)
@@ -93,8 +93,8 @@ def node_from(obj: Mapping[str, Any], pool_label: str, not_ready: bool) -> Node 
     return Node(
         name=meta["name"],
         pool=str(labels.get(pool_label, "default")),
-        cpu_milli=_quantity(alloc.get("cpu", "0"), 1000),
-        memory_mib=_quantity(alloc.get("memory", "0"), 1) // (1024 * 1024),
+        cpu_milli=quantity(alloc.get("cpu", "0"), 1000),
+        memory_mib=quantity(alloc.get("memory", "0"), 1) // (1024 * 1024),
         devices=tuple(Device(i, model, memory) for i in range(count)),
         schedulable=schedulable,
     )

@@ -1,6 +1,11 @@
-"""gpupool's view of its pods: listed once, then kept current by a watch that resumes where it left off.
+"""gpupool's view of the cluster's pods: listed once, then kept current by a watch that resumes where it left off.
 
-The list is the expensive part (every managed pod in the cluster), so it happens once, and again only when the
+It holds gpupool's own pods (by allocation), the device reservations, the pods that name gpupool as their scheduler
+without gpupool having made them (each may become a workload: gpupool.control.foreign), and what the pods other
+schedulers placed hold on each node (capacity in use there). Every pod is watched, as a scheduler must: a pod
+another scheduler places on a GPU node takes room gpupool would otherwise give.
+
+The list is the expensive part (every pod in the cluster), so it happens once, and again only when the
 API server says the view's resourceVersion is too old to resume from (410 Gone). A watch that ends normally
 (the server's timeout) is resumed from the last resourceVersion it saw, kept fresh by bookmarks. A new list
 is built apart and swapped in whole: a reader never sees a half-filled view.
@@ -16,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.backends.kubernetes.manifests import ALLOC, MANAGED, RESERVATION
+from gpupool.backends.kubernetes.foreign import ForeignPod, NodeUse, foreign_pod, node_use
+from gpupool.backends.kubernetes.manifests import ALLOC, MANAGED, RESERVATION, SCHEDULER, quantity
 
 log = logging.getLogger("gpupool.kubernetes")
 GONE = 410
-SELECTOR = f"{MANAGED}=true"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,7 @@ class PodWatch:
         timeout_s: int = 60,
         stale_after_s: float = 30.0,
         unseen_for_s: float = 120.0,
+        scheduler: str = SCHEDULER,
     ) -> None:
         import kubernetes
 
@@ -63,6 +69,7 @@ class PodWatch:
         self._timeout_s = timeout_s
         self._stale_after_s = stale_after_s
         self.unseen_for_s = unseen_for_s
+        self.scheduler = scheduler
         self._to_dict: Callable[[Any], dict[str, Any]] = k8s.client.ApiClient().sanitize_for_serialization
         self.lock = threading.Lock()
         self.pods: dict[str, dict[str, Any]] = {}
@@ -72,6 +79,12 @@ class PodWatch:
         self.launching: dict[tuple[str, int], set[str]] = {}
         """Devices whose sharer pods are being created, until the watch shows them."""
         self.unseen: dict[str, Unseen] = {}
+        self.foreign: dict[str, ForeignPod] = {}
+        """Pod uid → a pod gpupool did not make that names its scheduler (bound by gpupool or not)."""
+        self.foreign_generation = 0
+        """Counts changes to `foreign`: a reader that saw this number has nothing new to read."""
+        self.used: dict[str, NodeUse] = {}
+        """Pod uid → what a pod another scheduler placed holds on its node, while it can run."""
         self.forgotten: set[str] = set()
         self.lists = 0
         """Full lists made (the first, and one per 410 Gone)."""
@@ -133,18 +146,27 @@ class PodWatch:
         self._stopping.wait(1.0)
 
     def _relist(self) -> None:
-        listing = self._core.list_pod_for_all_namespaces(label_selector=SELECTOR)
+        listing = self._core.list_pod_for_all_namespaces()
         pods: dict[str, dict[str, Any]] = {}
         reservations: dict[tuple[str, int], str] = {}
+        foreign: dict[str, ForeignPod] = {}
+        used: dict[str, NodeUse] = {}
         for item in listing.items:  # built apart: readers keep the old view until the swap
             pod = self._to_dict(item)
             key = reservation_key(pod)
             if key is not None:
                 reservations[key] = pod["metadata"]["name"]
-            elif alloc := (pod["metadata"].get("annotations") or {}).get(ALLOC):
+                continue
+            alloc, theirs, use = self._sort(pod)
+            if alloc:
                 pods[alloc] = pod
+            if theirs is not None:
+                foreign[theirs.uid] = theirs
+            if use is not None:
+                used[pod["metadata"]["uid"]] = use
         with self.lock:
-            self.pods, self.reservations = pods, reservations
+            self.pods, self.reservations, self.foreign, self.used = pods, reservations, foreign, used
+            self.foreign_generation += 1
             for alloc in pods:
                 self._seen(alloc)
             self.forgotten &= pods.keys()
@@ -172,7 +194,6 @@ class PodWatch:
             return
         for event in w.stream(
             connect,
-            label_selector=SELECTOR,
             resource_version=self.resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=self._timeout_s,
@@ -198,7 +219,18 @@ class PodWatch:
                 else:
                     self.reservations[key] = meta["name"]
                 return
-            alloc = (meta.get("annotations") or {}).get(ALLOC)
+            alloc, theirs, use = self._sort(pod)
+            uid = meta.get("uid", "")
+            if kind == "DELETED" or use is None:
+                self.used.pop(uid, None)
+            else:
+                self.used[uid] = use
+            if theirs is not None:
+                if kind == "DELETED":
+                    self.foreign.pop(uid, None)
+                else:
+                    self.foreign[uid] = theirs
+                self.foreign_generation += 1
             if not alloc:
                 return
             if kind == "DELETED":
@@ -207,6 +239,16 @@ class PodWatch:
             else:
                 self.pods[alloc] = pod
             self._seen(alloc)
+
+    def _sort(self, pod: dict[str, Any]) -> tuple[str | None, ForeignPod | None, NodeUse | None]:
+        """A pod's allocation (gpupool's pods, and the foreign pods it bound), the pod as a foreign one (it names
+        gpupool's scheduler; gpupool did not make it), and what it holds on its node if someone else placed it."""
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        ours = (meta.get("labels") or {}).get(MANAGED) == "true"
+        named = spec.get("schedulerName") == self.scheduler
+        alloc = (meta.get("annotations") or {}).get(ALLOC) if ours or named else None
+        theirs = foreign_pod(pod, quantity) if named and not ours else None
+        return alloc, theirs, None if ours or alloc else node_use(pod, quantity)
 
     def _seen(self, alloc: str) -> None:
         self.unseen.pop(alloc, None)

@@ -1,0 +1,173 @@
+"""What the Kubernetes backend does with pods it did not make: it reads those that name gpupool as their scheduler
+(their project, from the pod's label or its namespace's), binds them where gpupool placed them, and tells those that
+wait or are refused why, with an Event and their PodScheduled condition, as kube-scheduler does."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from gpupool.backends.base import LaunchSpec
+from gpupool.backends.kubernetes.foreign import (
+    PROJECT,
+    VISIBLE_DEVICES,
+    ForeignPod,
+    binding,
+    scheduling_event,
+    unschedulable_condition,
+)
+from gpupool.backends.kubernetes.manifests import ALLOC, DEVICES, device_uuid
+from gpupool.backends.kubernetes.podwatch import PodWatch
+from gpupool.core import Node
+
+log = logging.getLogger("gpupool.kubernetes")
+NAMESPACE_TTL_S = 30.0
+"""How long a namespace's project label is trusted before it is read again."""
+
+
+Reserve = Callable[[str, int, str], None]
+"""Holds a shared device for an allocation: (node, device index, allocation id)."""
+
+
+class BindConflict(RuntimeError):
+    """The pod is bound to another node than the one gpupool chose (someone else bound it first)."""
+
+
+class ForeignPods:
+    def __init__(self, core: Any, client: Any, watch: PodWatch, component: str) -> None:
+        self.core = core
+        self._client = client
+        self.watch = watch
+        self.component = component
+        self._lock = threading.Lock()
+        self._claimed: dict[int, ForeignPod] = {}
+        """Workload id → its pod, as the control loop said (from the store, every pod it has a workload for)."""
+        self._namespaces: dict[str, tuple[str | None, float]] = {}
+        self._told: dict[str, str] = {}
+        """Pod uid → the message its condition and last event carry (written again only when it changes)."""
+        self.allocs: set[str] = set()
+        """Allocations that are foreign pods: an ended one is left to its own controller, never deleted here."""
+
+    def pods(self) -> tuple[int, list[ForeignPod]]:
+        """The foreign pods, each with its project (its label's, else its namespace's), and the watch's count of
+        changes they reflect."""
+        with self.watch.lock:
+            generation, pods = self.watch.foreign_generation, sorted(self.watch.foreign.values(), key=lambda p: p.uid)
+        out = []
+        for pod in pods:
+            if pod.project is None:
+                project = self._namespace_project(pod.namespace)
+                if project is not None:
+                    pod = replace(pod, project=project)
+            out.append(pod)
+        return generation, out
+
+    def _namespace_project(self, namespace: str) -> str | None:
+        now = time.monotonic()
+        kept = self._namespaces.get(namespace)
+        if kept is not None and now - kept[1] < NAMESPACE_TTL_S:
+            return kept[0]
+        try:
+            labels = self.core.read_namespace(namespace).metadata.labels or {}
+        except self._client.ApiException as e:
+            if e.status not in (403, 404):
+                raise
+            labels = {}
+        project = labels.get(PROJECT)
+        self._namespaces[namespace] = (project, now)
+        return project
+
+    def claim(self, pods: dict[int, ForeignPod]) -> None:
+        """The pods the store has workloads for, by workload id (all of them, each cycle they change)."""
+        with self._lock:
+            self._claimed = dict(pods)
+            live = {p.uid for p in pods.values()}
+            with self.watch.lock:
+                live |= self.watch.foreign.keys()
+            self._told = {uid: m for uid, m in self._told.items() if uid in live}
+
+    def claimed(self, workload_id: int) -> ForeignPod | None:
+        with self._lock:
+            return self._claimed.get(workload_id)
+
+    def bind(
+        self,
+        spec: LaunchSpec,
+        pod: ForeignPod,
+        reserve: Callable[[str, int, str], None],
+        unreserve: Callable[[str], None],
+    ) -> None:
+        """Binds the pod to the chosen node, idempotently: bound there already is done; bound elsewhere raises
+        BindConflict. A fraction's device is reserved first, as for gpupool's own sharers (`reserve(node, index,
+        alloc)`; `unreserve(alloc)` if the bind fails)."""
+        try:
+            for d in spec.devices:
+                if d.milli < 1000:
+                    reserve(spec.node, d.index, spec.alloc_id)
+            self._bind(spec, pod)
+        except Exception:
+            unreserve(spec.alloc_id)
+            raise
+
+    def _bind(self, spec: LaunchSpec, pod: ForeignPod) -> None:
+        """Its allocation and devices go in its annotations first (the only part of a pod that may still change),
+        so the watch knows it as this allocation's from the moment it is bound."""
+        shared = [d for d in spec.devices if d.milli < 1000]
+        notes = {ALLOC: spec.alloc_id, DEVICES: ",".join(f"{d.index}:{d.milli}" for d in spec.devices)}
+        if shared:
+            notes[VISIBLE_DEVICES] = device_uuid(spec.node, shared[0].index)
+        self.allocs.add(spec.alloc_id)
+        self.core.patch_namespaced_pod(pod.name, pod.namespace, {"metadata": {"annotations": notes}})
+        try:
+            # The generated client cannot read the Status this answers with: the response is not deserialised.
+            self.core.create_namespaced_pod_binding(
+                pod.name, pod.namespace, binding(pod, spec.node), _preload_content=False
+            )
+        except self._client.ApiException as e:
+            if e.status != 409:
+                raise
+            where = self.core.read_namespaced_pod(pod.name, pod.namespace).spec.node_name
+            if where != spec.node:
+                raise BindConflict(f"pod {pod.namespace}/{pod.name} is bound to {where}, not {spec.node}") from None
+        with self._lock:
+            self._told.pop(pod.uid, None)
+        self.watch.launched(spec.alloc_id, pod.name, pod.namespace)
+
+    def unschedulable(self, pod: ForeignPod, message: str) -> None:
+        """Tell a pod why gpupool does not place it (refused, or waiting): its PodScheduled condition says so, and
+        a FailedScheduling event records it. Only when the message changes: waiting costs no write per cycle."""
+        with self._lock:
+            if self._told.get(pod.uid) == message:
+                return
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status = {"status": {"conditions": [unschedulable_condition(message, now)]}}
+        try:
+            self.core.patch_namespaced_pod_status(pod.name, pod.namespace, status)
+            event = scheduling_event(pod, message, now, f"{time.time_ns():x}", self.component)
+            self.core.create_namespaced_event(pod.namespace, event)
+        except self._client.ApiException as e:
+            if e.status != 404:  # gone meanwhile: nobody to tell
+                log.warning("telling pod %s/%s why it waits failed: %s", pod.namespace, pod.name, e.reason)
+            return
+        with self._lock:
+            self._told[pod.uid] = message
+
+    def less_used(self, node: Node) -> Node:
+        """The node less what pods another scheduler placed on it hold. Their whole GPUs take its highest-indexed
+        devices (the device plugin, not gpupool, chose theirs; gpupool's own grants start from the lowest)."""
+        with self.watch.lock:
+            used = [u for u in self.watch.used.values() if u.node == node.name]
+        if not used:
+            return node
+        gpus = sum(u.gpus for u in used)
+        return replace(
+            node,
+            cpu_milli=max(0, node.cpu_milli - sum(u.cpu_milli for u in used)),
+            memory_mib=max(0, node.memory_mib - sum(u.memory_mib for u in used)),
+            devices=node.devices[: max(0, len(node.devices) - gpus)],
+        )

@@ -1,0 +1,192 @@
+"""Pods gpupool did not create, as the backend reads them: those that name gpupool as their scheduler (each may become
+a workload) and those another scheduler placed on a node (capacity in use there)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PROJECT = "gpupool.io/project"
+"""The pod's (or its namespace's) label naming the gpupool project it runs under."""
+PRIORITY = "gpupool.io/priority"
+"""The pod's label naming one of gpupool's priority classes: it overrides what priorityClassName maps to."""
+GPU_FRACTION = "gpupool.io/gpu-fraction"
+"""A pod's annotation asking a fraction of one GPU (0 < f < 1), shared with other pods."""
+GPU_MEMORY = "gpupool.io/gpu-memory"
+"""A pod's annotation asking a share of one GPU by its memory ("20GiB")."""
+VISIBLE_DEVICES = "gpupool.io/visible-devices"
+"""Set on a bound fractional pod: the device it shares, as NVIDIA_VISIBLE_DEVICES names it. Its annotations are all
+that may change once a pod exists, so a pod that wants it reads it through the downward API."""
+GPU = "nvidia.com/gpu"
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B?)?", re.IGNORECASE | re.ASCII)
+_SCALE_MIB = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignPod:
+    """A pod that names gpupool's scheduler and that gpupool did not make: what its workload is built from."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    """Where it is bound ("" until it is)."""
+    phase: str
+    deleting: bool
+    project: str | None
+    """Its label's, else its namespace's (filled by the backend, which reads namespaces)."""
+    priority_class: str | None
+    """The Kubernetes PriorityClass it names."""
+    priority: str | None
+    """gpupool's class from its label, which overrides priority_class."""
+    gpus: int
+    gpu_milli: int
+    gpu_memory_mib: int
+    cpu_milli: int
+    memory_mib: int
+    image: str | None
+    grace_s: float
+    error: str | None = None
+    """Why its request cannot be read (a bad annotation): it is refused with this."""
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUse:
+    """What one pod another scheduler placed holds on its node."""
+
+    node: str
+    gpus: int
+    cpu_milli: int
+    memory_mib: int
+
+
+Quantity = Callable[[object, int], int]
+"""A Kubernetes quantity ("500m", "1Gi") in units of 1/scale."""
+
+
+def requests_of(spec: Mapping[str, Any], quantity: Quantity) -> tuple[int, int, int]:
+    """Whole GPUs (limits), CPU (milli) and memory (MiB) a pod asks, as the kubelet counts them: its containers'
+    sum, or an init container's if that is more (they run one at a time, before the rest)."""
+
+    def one(c: Mapping[str, Any]) -> tuple[int, int, int]:
+        res = c.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        gpus = quantity(limits.get(GPU, requests.get(GPU, "0")), 1)
+        cpu = quantity(requests.get("cpu", limits.get("cpu", "0")), 1000)
+        memory = quantity(requests.get("memory", limits.get("memory", "0")), 1) // (1024 * 1024)
+        return gpus, cpu, memory
+
+    main = [one(c) for c in spec.get("containers") or []]
+    total = tuple(sum(x) for x in zip(*main, strict=True)) if main else (0, 0, 0)
+    inits = [one(c) for c in spec.get("initContainers") or []]
+    g, c, m = total
+    return max([g, *(i[0] for i in inits)]), max([c, *(i[1] for i in inits)]), max([m, *(i[2] for i in inits)])
+
+
+def node_use(pod: Mapping[str, Any], quantity: Quantity) -> NodeUse | None:
+    """What a pod placed by someone else holds, while it can still run; None for one not on a node or ended."""
+    node = (pod.get("spec") or {}).get("nodeName") or ""
+    phase = (pod.get("status") or {}).get("phase", "Pending")
+    if not node or phase in ("Succeeded", "Failed"):
+        return None
+    return NodeUse(node, *requests_of(pod["spec"], quantity))
+
+
+def _mib(text: str) -> int | None:
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        return None
+    mib = int(float(m.group(1)) * _SCALE_MIB[m.group(2).upper()])
+    return mib if mib >= 1 else None
+
+
+def foreign_pod(pod: Mapping[str, Any], quantity: Quantity) -> ForeignPod:
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    gpus, cpu, memory = requests_of(spec, quantity)
+    milli = mem = 0
+    error = None
+    fraction, size = notes.get(GPU_FRACTION), notes.get(GPU_MEMORY)
+    if fraction is not None or size is not None:
+        if gpus or (fraction is not None and size is not None):
+            error = f"ask for one of {GPU} (whole GPUs), {GPU_FRACTION} or {GPU_MEMORY}, not several"
+        elif fraction is not None:
+            try:
+                f = float(fraction)
+            except ValueError:
+                f = 0.0
+            if not 0 < f < 1:
+                error = f"{GPU_FRACTION} {fraction[:40]!r} is not a fraction between 0 and 1"
+            milli = max(1, min(999, round(f * 1000)))
+        else:
+            assert size is not None
+            mem = _mib(size) or 0
+            if not mem:
+                error = f"{GPU_MEMORY} {size[:40]!r}: expected a size like 20GiB or 512MiB"
+    containers = spec.get("containers") or [{}]
+    return ForeignPod(
+        uid=meta["uid"],
+        namespace=meta["namespace"],
+        name=meta["name"],
+        node=spec.get("nodeName") or "",
+        phase=(pod.get("status") or {}).get("phase", "Pending"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        project=labels.get(PROJECT),
+        priority_class=spec.get("priorityClassName"),
+        priority=labels.get(PRIORITY),
+        gpus=gpus,
+        gpu_milli=milli,
+        gpu_memory_mib=mem,
+        cpu_milli=cpu,
+        memory_mib=memory,
+        image=containers[0].get("image"),
+        grace_s=float(spec.get("terminationGracePeriodSeconds", 30)),
+        error=error,
+    )
+
+
+def unschedulable_condition(message: str, now: str) -> dict[str, Any]:
+    """PodScheduled=False, as kube-scheduler writes it (reason Unschedulable: what autoscalers look for)."""
+    return {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+            "lastTransitionTime": now}  # fmt: skip
+
+
+def scheduling_event(pod: ForeignPod, message: str, now: str, suffix: str, component: str) -> dict[str, Any]:
+    """A Warning event FailedScheduling on the pod, as kube-scheduler records one."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{pod.name}.{suffix}"[:253], "namespace": pod.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+        },
+        "reason": "FailedScheduling",
+        "message": message[:1024],
+        "type": "Warning",
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": component,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+def binding(pod: ForeignPod, node: str) -> dict[str, Any]:
+    """The Binding a scheduler makes; the uid makes the API server refuse it for another pod of the same name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
