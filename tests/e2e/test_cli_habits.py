@@ -116,6 +116,11 @@ def test_submit_takes_every_field_with_human_durations_and_an_env_file(s: Server
     assert "declared max duration 3d" in s.cli("describe", "full").stdout
     s.wait_state("full", "running")
     wait_for(lambda: s.cli("logs", "full").stdout == "0.1 3 a b 2\n", 30, "the environment in its output")
+    # An apply file names its env file relative to itself; its own env wins.
+    (tmp_path / "job.yaml").write_text("project: vision\nname: filed\nenv_file: run.env\nenv: {SEED: '3'}\n"
+                                       "command: ['true']\n")  # fmt: skip
+    s.cli("apply", "-f", str(tmp_path / "job.yaml"), "--no-code")
+    assert s.workload("filed")["env"] == {"LR": "0.1", "EPOCHS": "3", "TAG": "a b", "SEED": "3"}
     # The resources reach the server: an unknown pool and more CPU than any node has are refused there.
     refused = s.cli("submit", "-p", "vision", "--pool", "nowhere", "--", "true", check=False)
     assert (refused.returncode, "nowhere" in refused.stderr) == (1, True)

@@ -73,8 +73,8 @@ def _name_or_names(description: str) -> dict[str, Any]:
 
 def schema() -> dict[str, Any]:
     """The JSON Schema of a workload file, from the API's own model so the two cannot drift: the API's fields,
-    with durations as text, `resources:`, `workdir` and `idempotency_key` as the file has them. `project` is not
-    required: apply takes the default project where the file names none."""
+    with durations as text, `resources:`, `workdir`, `env_file` and `idempotency_key` as the file has them.
+    `project` is not required: apply takes the default project where the file names none."""
     base = WorkloadCreate.model_json_schema()
     props: dict[str, Any] = dict(base["properties"])
     duration = {"anyOf": [{"type": "string"}, {"type": "number", "exclusiveMinimum": 0}, {"type": "null"}]}
@@ -92,6 +92,7 @@ def schema() -> dict[str, Any]:
     }
     props["workdir"] = {"type": "string", "description": "The directory sent as its code, relative to the file."}
     props["idempotency_key"] = {"type": "string", "minLength": 1, "maxLength": 128}
+    props["env_file"] = {"type": "string", "description": "A file of KEY=VALUE lines, relative to the file; env wins."}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "gpupool workload",

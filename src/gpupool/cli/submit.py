@@ -243,11 +243,20 @@ def apply(
     key = data.pop("idempotency_key", None)
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 128):
         fail(f"{file}: idempotency_key is a string of 1 to 128 characters", 2)
+    here = file.parent if str(file) != "-" else Path.cwd()
+    env_file = data.pop("env_file", None)
+    if env_file is not None:
+        if not isinstance(env_file, str):
+            fail(f"{file}: env_file is a file's path, relative to the file", 2)
+        env = data.get("env") or {}
+        if not isinstance(env, dict):
+            fail(f"{file}: env is a mapping of NAME: value", 2)
+        data["env"] = read_env_file(here / env_file) | env  # the file's own env wins, as --env over --env-file
     declared = data.pop("workdir", None)
     if declared is not None and workdir is None and not no_code:
         if not isinstance(declared, str):
             fail(f"{file}: workdir is a directory's path, relative to the file", 2)
-        workdir = (file.parent if str(file) != "-" else Path.cwd()) / declared
+        workdir = here / declared
     with client() as c:
         if "project" not in data:
             data["project"] = project_of(c, None)
