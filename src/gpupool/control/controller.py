@@ -327,7 +327,7 @@ class Controller:
         failpoint("cycle.before-events")
         with self._step("commit_events"):
             self._commit_checked(s, acting, [])
-        self.adoption.explain(self.view, self.backend)
+        self.adoption.explain(self.view, self.backend, self.sessions)
         if now >= self._next_collect:
             self._next_collect = now + COLLECT_EVERY_S
             collect_workdirs(s, self.backend, now - self.workdir_retention_s)

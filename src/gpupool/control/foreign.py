@@ -26,6 +26,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -150,8 +151,9 @@ class Adoption:
     def _adopt(self, s: Session, pod: ForeignPod, project: QueueRow, now: float) -> None:
         klass = priority_for(pod, self.classes)
         assert not isinstance(klass, str)
+        name = workload_name(pod, False)
         taken = s.scalar(
-            select(WorkloadRow.id).where(WorkloadRow.project_id == project.id, WorkloadRow.live_name == pod.name)
+            select(WorkloadRow.id).where(WorkloadRow.project_id == project.id, WorkloadRow.live_name == name)
         )
         name = workload_name(pod, taken is not None)
         row = WorkloadRow(
@@ -189,14 +191,26 @@ class Adoption:
         self._owners[project.id] = user.id
         return user.id
 
-    def explain(self, view: WorkloadView, backend: Any) -> None:
-        """Tell each adopted pod that waits why, as the scheduler last said (the backend writes only changes)."""
+    def explain(self, view: WorkloadView, backend: Any, sessions: sessionmaker[Session]) -> None:
+        """Tell each adopted pod that waits why, as the scheduler last said, with when it is expected to start where
+        that is known (to the minute). The backend writes only what changed: waiting costs no write per cycle."""
         foreign = getattr(backend, "foreign", None)
         if not self.known or foreign is None:
             return
+        waiting: dict[int, ForeignPod] = {}
         for uid, wid in self.known.items():
-            kept = view.queued.get(wid)
             pod = self.pods.get(uid)
-            if kept is None or kept.code is None or pod is None or pod.node:
-                continue
-            foreign.unschedulable(pod, f"{kept.code}: {kept.detail}")
+            kept = view.queued.get(wid)
+            if pod is not None and not pod.node and kept is not None and kept.code is not None:
+                waiting[wid] = pod
+        if not waiting:
+            return
+        with sessions() as s:
+            etas = dict(
+                s.execute(select(WorkloadRow.id, WorkloadRow.eta).where(WorkloadRow.id.in_(list(waiting)))).all()
+            )
+        for wid, pod in sorted(waiting.items()):
+            kept = view.queued[wid]
+            eta = etas.get(wid)
+            when = f"; expected to start about {datetime.fromtimestamp(eta, UTC):%Y-%m-%d %H:%M} UTC" if eta else ""
+            foreign.unschedulable(pod, f"{kept.code}: {kept.detail}{when}")
