@@ -53,9 +53,14 @@ def test_a_pod_naming_gpupool_is_a_workload_bound_to_a_node(
         "kind": "Pod", "namespace": "default", "name": "train-a", "uid": running[0].metadata.uid,
     }  # fmt: skip
     assert [x["name"] for x in s.json("list", "-p", "vision")] == ["train-a"]
-    # Still there after it ended, and never adopted twice.
+    # Still there after it ended (left to its owner), and never adopted twice, by a restarted server either.
     assert workloads.pods(f"{PROJECT}=vision")[0].status.phase == "Succeeded"
-    assert len(s.json("list", "-p", "vision")) == 1
+    s.kill()
+    s.start()
+    # A pod made now is adopted by the same pass that looks at train-a again.
+    workloads.core.create_namespaced_pod("default", pod("train-b", {PROJECT: "vision"}))
+    both = [("train-a", "succeeded"), ("train-b", "running")]
+    wait_for(lambda: sorted((w["name"], w["state"]) for w in s.json("list", "-p", "vision")) == both, 30, "train-b")
 
 
 def test_a_pod_with_no_project_is_refused_with_an_event_and_a_condition(
