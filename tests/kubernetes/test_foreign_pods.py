@@ -123,9 +123,18 @@ def test_fractions_share_one_device_and_a_pod_another_scheduler_placed_takes_roo
 def test_a_deleted_pod_ends_its_workload_and_a_jobs_pod_runs_to_completion(
     cluster: Cluster, workloads: Workloads, kube_server: Callable[..., Server]
 ) -> None:
-    s, _ = start(cluster, kube_server, "jobs")
+    s, node = start(cluster, kube_server, "jobs")
     workloads.core.create_namespaced_pod("default", pod("doomed", {PROJECT: "vision"}))
     s.wait_state("doomed", "running")
+    # A pod that claims doomed's allocation (annotation and label forged) is not taken for it: it ends, doomed runs.
+    alloc = workloads.core.read_namespaced_pod("doomed", "default").metadata.annotations["gpupool.io/allocation"]
+    forged = pod("forged", {"gpupool.io/managed": "true"}, gpus=0, run_for="1s", **{"gpupool.io/allocation": alloc})
+    forged["spec"]["nodeName"] = node
+    workloads.core.create_namespaced_pod("default", forged)
+    workloads.wait_pods("gpupool.io/managed=true", 1, "Succeeded")
+    workloads.core.delete_namespaced_pod("forged", "default", grace_period_seconds=0)
+    poll("the forged pod gone", lambda: not workloads.pods("gpupool.io/managed=true"), 30)
+    assert s.workload("doomed")["state"] == "running"
     workloads.core.delete_namespaced_pod("doomed", "default")
     w = s.wait_state("doomed", "cancelled", timeout=30)
     assert w["events"][-1]["args"] == {"by": "kubernetes"}

@@ -84,6 +84,7 @@ class ForeignPods:
 
     def claim(self, pods: dict[int, ForeignPod]) -> None:
         """The pods the store has workloads for, by workload id (all of them, each cycle they change)."""
+        self.watch.claim({wid: p.uid for wid, p in pods.items()})
         with self._lock:
             self._claimed = dict(pods)
             live = {p.uid for p in pods.values()}

@@ -132,6 +132,7 @@ class KubernetesBackend:
         self.watch = PodWatch(
             self.core, on_change, timeout_s=settings.watch_timeout_s, stale_after_s=settings.stale_after_s,
             unseen_for_s=settings.unseen_for_s, scheduler=settings.scheduler_name,
+            namespace_prefix=settings.namespace_prefix,
         )  # fmt: skip
         self.foreign = ForeignPods(self.core, client, self.watch, settings.scheduler_name)
         """The pods that name gpupool's scheduler without gpupool having made them (gpupool.control.foreign)."""

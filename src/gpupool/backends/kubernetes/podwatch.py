@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.backends.kubernetes.foreign import ForeignPod, NodeUse, foreign_pod, node_use
-from gpupool.backends.kubernetes.manifests import ALLOC, MANAGED, RESERVATION, SCHEDULER, quantity
+from gpupool.backends.kubernetes.manifests import ALLOC, MANAGED, RESERVATION, SCHEDULER, SYSTEM_NAMESPACE, quantity
 
 log = logging.getLogger("gpupool.kubernetes")
 GONE = 410
@@ -41,7 +41,7 @@ class Unseen:
 def reservation_key(pod: dict[str, Any]) -> tuple[str, int] | None:
     meta = pod["metadata"]
     labels = meta.get("labels") or {}
-    if labels.get(RESERVATION) != "true":
+    if labels.get(RESERVATION) != "true" or meta.get("namespace") != SYSTEM_NAMESPACE:
         return None
     return (meta.get("annotations") or {}).get("gpupool.io/node-name", ""), int(labels["gpupool.io/device"])
 
@@ -59,6 +59,7 @@ class PodWatch:
         stale_after_s: float = 30.0,
         unseen_for_s: float = 120.0,
         scheduler: str = SCHEDULER,
+        namespace_prefix: str = "gpupool-",
     ) -> None:
         import kubernetes
 
@@ -70,6 +71,7 @@ class PodWatch:
         self._stale_after_s = stale_after_s
         self.unseen_for_s = unseen_for_s
         self.scheduler = scheduler
+        self.namespace_prefix = namespace_prefix
         self._to_dict: Callable[[Any], dict[str, Any]] = k8s.client.ApiClient().sanitize_for_serialization
         self.lock = threading.Lock()
         self.pods: dict[str, dict[str, Any]] = {}
@@ -84,6 +86,12 @@ class PodWatch:
         self.foreign_generation = 0
         """Counts changes to `foreign`: a reader that saw this number has nothing new to read."""
         self.used: dict[str, NodeUse] = {}
+        self.claims: dict[int, str] = {}
+        """Workload id → the uid of the pod gpupool did not make that is its member (from the store, through the
+        control loop): such a pod stands for an allocation only if it is that pod, whatever its annotations say."""
+        self.unclaimed: dict[str, tuple[str, dict[str, Any]]] = {}
+        """Pod uid → (allocation, pod) for pods gpupool did not make whose allocation annotation nobody vouches for
+        (yet: the control loop's claims come after the first list)."""
         """Pod uid → what a pod another scheduler placed holds on its node, while it can run."""
         self.forgotten: set[str] = set()
         self.lists = 0
@@ -151,6 +159,7 @@ class PodWatch:
         reservations: dict[tuple[str, int], str] = {}
         foreign: dict[str, ForeignPod] = {}
         used: dict[str, NodeUse] = {}
+        unclaimed: dict[str, tuple[str, dict[str, Any]]] = {}
         for item in listing.items:  # built apart: readers keep the old view until the swap
             pod = self._to_dict(item)
             key = reservation_key(pod)
@@ -158,14 +167,17 @@ class PodWatch:
                 reservations[key] = pod["metadata"]["name"]
                 continue
             alloc, theirs, use = self._sort(pod)
-            if alloc:
+            if alloc and self._vouched(alloc, pod):
                 pods[alloc] = pod
+            elif alloc:
+                unclaimed[pod["metadata"]["uid"]] = (alloc, pod)
             if theirs is not None:
                 foreign[theirs.uid] = theirs
             if use is not None:
                 used[pod["metadata"]["uid"]] = use
         with self.lock:
             self.pods, self.reservations, self.foreign, self.used = pods, reservations, foreign, used
+            self.unclaimed = unclaimed
             self.foreign_generation += 1
             for alloc in pods:
                 self._seen(alloc)
@@ -231,20 +243,56 @@ class PodWatch:
                 else:
                     self.foreign[uid] = theirs
                 self.foreign_generation += 1
+            self.unclaimed.pop(uid, None)
             if not alloc:
                 return
+            held = self.pods.get(alloc)
+            if held is not None and held["metadata"].get("uid") != uid and kind == "DELETED":
+                return  # another pod naming the same allocation: not the one the view holds
             if kind == "DELETED":
                 self.pods.pop(alloc, None)
                 self.forgotten.discard(alloc)
-            else:
+            elif self._vouched(alloc, pod):
                 self.pods[alloc] = pod
+            else:
+                self.unclaimed[uid] = (alloc, pod)
+                return
             self._seen(alloc)
+
+    def claim(self, claims: dict[int, str]) -> None:
+        """The foreign pods the store has workloads for (workload id → pod uid): those naming an allocation of
+        their workload's stand for it from now on; any other pod naming one does not."""
+        with self.lock:
+            self.claims = dict(claims)
+            for alloc, pod in list(self.pods.items()):
+                if not self._vouched(alloc, pod):
+                    del self.pods[alloc]
+                    self.unclaimed[pod["metadata"]["uid"]] = (alloc, pod)
+            for uid, (alloc, pod) in list(self.unclaimed.items()):
+                if self._vouched(alloc, pod):
+                    del self.unclaimed[uid]
+                    self.pods[alloc] = pod
+                    self._seen(alloc)
+
+    def _vouched(self, alloc: str, pod: dict[str, Any]) -> bool:
+        """gpupool's own pods (its label, in its namespaces) stand for the allocation they name; a pod it did not
+        make only if the store has it as that allocation's workload's pod."""
+        if self._ours(pod):
+            return True
+        wid = alloc.split("-", 1)[0]
+        return wid.isdigit() and self.claims.get(int(wid)) == pod["metadata"].get("uid")
+
+    def _ours(self, pod: dict[str, Any]) -> bool:
+        meta = pod["metadata"]
+        ns = meta.get("namespace", "")
+        in_ours = ns == SYSTEM_NAMESPACE or ns.startswith(self.namespace_prefix)
+        return in_ours and (meta.get("labels") or {}).get(MANAGED) == "true"
 
     def _sort(self, pod: dict[str, Any]) -> tuple[str | None, ForeignPod | None, NodeUse | None]:
         """A pod's allocation (gpupool's pods, and the foreign pods it bound), the pod as a foreign one (it names
         gpupool's scheduler; gpupool did not make it), and what it holds on its node if someone else placed it."""
         meta, spec = pod["metadata"], pod.get("spec") or {}
-        ours = (meta.get("labels") or {}).get(MANAGED) == "true"
+        ours = self._ours(pod)
         named = spec.get("schedulerName") == self.scheduler
         alloc = (meta.get("annotations") or {}).get(ALLOC) if ours or named else None
         theirs = foreign_pod(pod, quantity) if named and not ours else None
