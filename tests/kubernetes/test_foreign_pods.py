@@ -138,6 +138,16 @@ def test_a_deleted_pod_ends_its_workload_and_a_jobs_pod_runs_to_completion(
     workloads.core.delete_namespaced_pod("doomed", "default")
     w = s.wait_state("doomed", "cancelled", timeout=30)
     assert w["events"][-1]["args"] == {"by": "kubernetes"}
+    # Cancelled through gpupool, the pod is deleted (with its grace period) and the workload ends cancelled.
+    workloads.core.create_namespaced_pod("default", pod("stopped", {PROJECT: "vision"}))
+    s.wait_state("stopped", "running")
+    s.cli("cancel", "stopped")
+    s.wait_state("stopped", "cancelled", timeout=30)
+    poll(
+        "the cancelled pod gone",
+        lambda: not [p for p in workloads.pods(f"{PROJECT}=vision") if p.metadata.name == "stopped"],
+        30,
+    )
     job = indexed_job("train", 2, scheduler="gpupool", run_for="2s")
     job["spec"]["template"]["metadata"]["labels"][PROJECT] = "vision"
     workloads.create_job(job)
