@@ -32,6 +32,11 @@ def states(s: Server) -> dict[str, str]:
     return {w["name"]: w["state"] for w in s.json("list", "-p", "vision")}
 
 
+def devices(s: Server, node: str) -> list[int] | None:
+    """The indices of the devices gpupool offers on `node`."""
+    return next(([d["index"] for d in n["devices"]] for n in s.json("nodes") if n["name"] == node), None)
+
+
 def start(cluster: Cluster, kube_server: Callable[..., Server], prefix: str, gpus: int = 8) -> tuple[Server, str]:
     [node] = cluster.add_gpu_nodes(1, prefix=prefix, gpus=gpus)
     s = kube_server()
@@ -93,7 +98,7 @@ def test_fractions_share_one_device_and_a_pod_another_scheduler_placed_takes_roo
     daemon = pod("daemon", {}, gpus=2)
     daemon["spec"] |= {"schedulerName": "default-scheduler", "nodeName": node}
     workloads.core.create_namespaced_pod("default", daemon)
-    wait_for(lambda: [len(n["devices"]) for n in s.json("nodes") if n["name"] == node] == [2], 30, "2 GPUs left")
+    wait_for(lambda: devices(s, node) == [0, 1], 30, "2 GPUs left")
     for name in ("half-a", "half-b"):
         workloads.core.create_namespaced_pod(
             "default", pod(name, {PROJECT: "vision"}, gpus=0, **{"gpupool.io/gpu-fraction": "0.5"})
@@ -118,6 +123,18 @@ def test_fractions_share_one_device_and_a_pod_another_scheduler_placed_takes_roo
         return any(c.type == "PodScheduled" and c.message.startswith("no-node-fits: ") for c in conds)
 
     poll("two's condition to say why it waits", waits, 30)
+    # Bound by someone else meanwhile: its workload ends, and its 2 GPUs count as in use. The node is over-committed
+    # (4 GPUs of others' and gpupool's 2): gpupool offers only the devices it holds, and once "one" ends, not its.
+    workloads.bind("two", node)
+    w = s.wait_state("two", "cancelled", timeout=30)
+    assert w["events"][-1]["args"] == {"by": f"kubernetes: bound to {node} by another scheduler"}
+    s.cli("cancel", "one")
+    wait_for(lambda: devices(s, node) == [0], 30, "only the shared device left")
+    workloads.core.create_namespaced_pod("default", pod("three", {PROJECT: "vision"}, gpus=1))
+    wait_for(lambda: states(s).get("three") == "pending" and s.workload("three")["reason_code"] == "no-node-fits", 30,
+             "three to wait")  # fmt: skip
+    assert states(s) == {"half-a": "running", "half-b": "running", "one": "cancelled", "two": "cancelled",
+                         "three": "pending"}  # fmt: skip
 
 
 def test_a_deleted_pod_ends_its_workload_and_a_jobs_pod_runs_to_completion(

@@ -38,6 +38,7 @@ from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, LIVE, TERMINAL, AllocPha
 from gpupool.logs import current_cycle, cycle_context
 from gpupool.models.volumes import VolumeMount
 from gpupool.store import changes
+from gpupool.store.holdings import live_devices, still_held
 from gpupool.store.secrets import project_environment as secret_environment
 from gpupool.store.snapshot import build_snapshot
 from gpupool.store.tables import EventRow, NodeRow, QueueRow, VolumeRow, WorkloadRow
@@ -128,6 +129,7 @@ class Controller:
         with self.sessions() as s:
             nodes = self.backend.inventory()
             names = {n.name for n in nodes}
+            held = live_devices(s)
             for gone in s.scalars(select(NodeRow).where(NodeRow.name.not_in(names) if names else true())):
                 gone.schedulable = False
             for node in nodes:
@@ -135,7 +137,8 @@ class Controller:
                 row.backend = self.backend.capabilities().name
                 row.pool, row.cpu_milli, row.memory_mib = node.pool, node.cpu_milli, node.memory_mib
                 row.schedulable, row.updated_at = node.schedulable, self.clock()
-                row.devices = [{"index": d.index, "model": d.model, "memory_mib": d.memory_mib} for d in node.devices]
+                offered = [{"index": d.index, "model": d.model, "memory_mib": d.memory_mib} for d in node.devices]
+                row.devices = still_held(node.name, offered, row.devices or [], held)
                 s.merge(row)
             s.commit()
 

@@ -70,6 +70,11 @@ def workload_name(pod: ForeignPod, taken: bool) -> str:
     return f"{base[:54].rstrip('-')}-{pod.uid.replace('-', '')[:8]}"
 
 
+def _lost(pod: ForeignPod | None) -> bool:
+    """Gone, going, or bound by someone else (on a node without gpupool's allocation on it)."""
+    return pod is None or pod.deleting or bool(pod.node and pod.allocation is None)
+
+
 class Adoption:
     def __init__(self, classes: Iterable[PriorityClass] = DEFAULT_CLASSES) -> None:
         self.classes = tuple(classes)
@@ -119,7 +124,8 @@ class Adoption:
                 self.known[str(uid)] = int(wid)
 
     def _end_gone(self, s: Session, now: float) -> None:
-        ending = {wid: uid for uid, wid in self.known.items() if uid not in self.pods or self.pods[uid].deleting}
+        """A pod deleted, being deleted or bound by another scheduler ends its workload (cancelled)."""
+        ending = {wid: uid for uid, wid in self.known.items() if _lost(self.pods.get(uid))}
         if not ending:
             return
         for row in s.scalars(select(WorkloadRow).where(WorkloadRow.id.in_(list(ending)))):
@@ -129,7 +135,10 @@ class Adoption:
                 continue
             if row.stop_reason is not None:
                 continue  # a stop under way ends it (a preempted one is queued, then cancelled: its pod is gone)
-            event = lifecycle.cancel(row, BY, now)
+            pod = self.pods.get(ending[row.id])
+            elsewhere = pod is not None and not pod.deleting and pod.allocation is None
+            by = f"{BY}: bound to {pod.node} by another scheduler" if pod is not None and elsewhere else BY
+            event = lifecycle.cancel(row, by, now)
             if event is not None:
                 s.add(event)
 

@@ -4,11 +4,12 @@ The GPU map, the quota views and /metrics all read it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.lifecycle.phases import HOLDING
+from gpupool.lifecycle.phases import HOLDING, LIVE
 from gpupool.store.tables import AllocationRow, WorkloadRow
 
 
@@ -46,3 +47,25 @@ def by_project(held: list[Holding]) -> dict[int, int]:
     for h in held:
         out[h.project_id] = out.get(h.project_id, 0) + h.milli
     return out
+
+
+def live_devices(session: Session) -> set[tuple[str, int]]:
+    """(node, device) of every member of live workloads' current attempts, ended members of a gang included: what
+    the scheduler takes as placed."""
+    query = (
+        select(AllocationRow.node, AllocationRow.devices)
+        .join(WorkloadRow, AllocationRow.workload_id == WorkloadRow.id)
+        .where(WorkloadRow.state.in_(sorted(LIVE)), AllocationRow.attempt == WorkloadRow.attempt)
+    )
+    return {(node, int(d["index"])) for node, devices in session.execute(query) for d in devices}
+
+
+def still_held(
+    node: str, offered: list[dict[str, Any]], before: list[dict[str, Any]], held: set[tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """A node's devices as the backend offers them now, plus those it no longer offers (another scheduler's pod
+    took them) that live work of gpupool's still holds: the scheduler must see what it placed, or it cannot
+    account for it."""
+    have = {int(d["index"]) for d in offered}
+    kept = [d for d in before if (node, int(d["index"])) in held and int(d["index"]) not in have]
+    return sorted([*offered, *kept], key=lambda d: int(d["index"]))

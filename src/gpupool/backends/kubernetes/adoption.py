@@ -21,7 +21,7 @@ from gpupool.backends.kubernetes.foreign import (
     scheduling_event,
     unschedulable_condition,
 )
-from gpupool.backends.kubernetes.manifests import ALLOC, DEVICES, device_uuid
+from gpupool.backends.kubernetes.manifests import ALLOC, DEVICES, device_uuid, granted
 from gpupool.backends.kubernetes.podwatch import PodWatch
 from gpupool.core import Node
 
@@ -134,6 +134,10 @@ class ForeignPods:
                 raise
             where = self.core.read_namespaced_pod(pod.name, pod.namespace).spec.node_name
             if where != spec.node:
+                # Not gpupool's binding: without its allocation the control loop sees a pod another scheduler bound,
+                # ends its workload and counts the pod as capacity in use.
+                unclaimed = {"metadata": {"annotations": dict.fromkeys(notes)}}
+                self.core.patch_namespaced_pod(pod.name, pod.namespace, unclaimed)
                 raise BindConflict(f"pod {pod.namespace}/{pod.name} is bound to {where}, not {spec.node}") from None
         with self._lock:
             self._told.pop(pod.uid, None)
@@ -159,16 +163,25 @@ class ForeignPods:
             self._told[pod.uid] = message
 
     def less_used(self, node: Node) -> Node:
-        """The node less what pods another scheduler placed on it hold. Their whole GPUs take its highest-indexed
-        devices (the device plugin, not gpupool, chose theirs; gpupool's own grants start from the lowest)."""
+        """The node less what pods another scheduler placed on it hold. Their whole GPUs are taken from the devices
+        gpupool's own pods do not hold, highest index first (the device plugin chose theirs, unknown to gpupool;
+        gpupool's grants start from the lowest). Where they hold more than is free, the node is over-committed:
+        gpupool offers none, and keeps what it holds."""
         with self.watch.lock:
             used = [u for u in self.watch.used.values() if u.node == node.name]
-        if not used:
-            return node
-        gpus = sum(u.gpus for u in used)
+            if not used:
+                return node
+            held = {i for (n, i), allocs in self.watch.launching.items() if n == node.name and allocs}
+            held |= {i for (n, i) in self.watch.reservations if n == node.name}
+            for pod in self.watch.pods.values():
+                phase = (pod.get("status") or {}).get("phase")
+                if pod["spec"].get("nodeName") == node.name and phase not in ("Succeeded", "Failed"):
+                    held.update(i for i, _ in granted(pod))
+        free = [d for d in node.devices if d.index not in held]
+        taken = {d.index for d in free[max(0, len(free) - sum(u.gpus for u in used)) :]}
         return replace(
             node,
             cpu_milli=max(0, node.cpu_milli - sum(u.cpu_milli for u in used)),
             memory_mib=max(0, node.memory_mib - sum(u.memory_mib for u in used)),
-            devices=node.devices[: max(0, len(node.devices) - gpus)],
+            devices=tuple(d for d in node.devices if d.index not in taken),
         )

@@ -27,7 +27,6 @@ from gpupool.backends.kubernetes.dcgm import DcgmScraper, DcgmSettings, PodIndex
 from gpupool.backends.kubernetes.files import PodFiles
 from gpupool.backends.kubernetes.logs import follow
 from gpupool.backends.kubernetes.manifests import (
-    DEVICES,
     MANAGED,
     MEMBER,
     PSA_ENFORCE,
@@ -41,6 +40,7 @@ from gpupool.backends.kubernetes.manifests import (
     code_secret,
     code_secret_manifest,
     gang_service_manifest,
+    granted,
     namespace_for,
     namespace_manifest,
     node_from,
@@ -144,6 +144,7 @@ class KubernetesBackend:
         now = time.monotonic()
         out = []
         seen = set()
+        models: dict[str, str] = {}
         for item in self.core.list_node().items:
             obj = self._to_dict(item)
             name = obj["metadata"]["name"]
@@ -154,9 +155,10 @@ class KubernetesBackend:
                 self._not_ready_since.setdefault(name, now)
             node = node_from(obj, self.settings.pool_label, not_ready=not ready(obj))
             if node is not None and node.devices:
-                out.append(self.foreign.less_used(node))
+                models[name] = node.devices[0].model
+                out.append(self.foreign.less_used(node))  # perhaps with no device left to offer
         with self._lock:
-            self._models = {n.name: n.devices[0].model for n in out}
+            self._models = models
             for gone in set(self._not_ready_since) - seen:
                 del self._not_ready_since[gone]
             self._known_nodes = seen
@@ -409,7 +411,7 @@ class KubernetesBackend:
                     continue
                 meta = pod["metadata"]
                 members[(meta["namespace"], meta["name"])] = alloc
-                for index, milli in _devices(pod):
+                for index, milli in granted(pod):
                     if milli < 1000:
                         sharers.setdefault((pod["spec"].get("nodeName", ""), index), {})[alloc] = milli
             reservations = {name: key for key, name in self.watch.reservations.items()}
@@ -472,17 +474,11 @@ class KubernetesBackend:
                 if pod["metadata"].get("deletionTimestamp") or alloc in w.forgotten or phase in ("Succeeded", "Failed"):
                     continue
                 node = pod["spec"].get("nodeName", "")
-                in_use.update((node, index) for index, milli in _devices(pod) if milli < 1000)
+                in_use.update((node, index) for index, milli in granted(pod) if milli < 1000)
             held = dict(w.reservations)
         for (node, index), name in held.items():
             if (node, index) not in in_use:
                 self._delete(name, SYSTEM_NAMESPACE)
-
-
-def _devices(pod: dict[str, Any]) -> list[tuple[int, int]]:
-    """(device index, milli-GPU) of each device granted, from the pod's annotation."""
-    text = (pod["metadata"].get("annotations") or {}).get(DEVICES, "")
-    return [(int(i), int(m)) for i, m in (part.split(":") for part in text.split(",") if part)]
 
 
 def _labels(pod: dict[str, Any]) -> dict[str, str]:

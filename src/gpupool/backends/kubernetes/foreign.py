@@ -20,6 +20,7 @@ VISIBLE_DEVICES = "gpupool.io/visible-devices"
 """Set on a bound fractional pod: the device it shares, as NVIDIA_VISIBLE_DEVICES names it. Its annotations are all
 that may change once a pod exists, so a pod that wants it reads it through the downward API."""
 GPU = "nvidia.com/gpu"
+ALLOCATION = "gpupool.io/allocation"
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B?)?", re.IGNORECASE | re.ASCII)
 _SCALE_MIB = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
 
@@ -50,6 +51,8 @@ class ForeignPod:
     grace_s: float
     error: str | None = None
     """Why its request cannot be read (a bad annotation): it is refused with this."""
+    allocation: str | None = None
+    """The allocation gpupool wrote on it before binding it; None on a pod gpupool has not bound."""
 
     @property
     def ended(self) -> bool:
@@ -148,6 +151,7 @@ def foreign_pod(pod: Mapping[str, Any], quantity: Quantity) -> ForeignPod:
         image=containers[0].get("image"),
         grace_s=float(spec.get("terminationGracePeriodSeconds", 30)),
         error=error,
+        allocation=notes.get(ALLOCATION),
     )
 
 

@@ -100,6 +100,12 @@ def node_from(obj: Mapping[str, Any], pool_label: str, not_ready: bool) -> Node 
     )
 
 
+def granted(pod: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """(device index, milli-GPU) of each device granted to a pod gpupool made or bound, from its annotation."""
+    text = (pod["metadata"].get("annotations") or {}).get(DEVICES, "")
+    return [(int(i), int(m)) for i, m in (part.split(":") for part in text.split(",") if part)]
+
+
 def ready(obj: Mapping[str, Any]) -> bool:
     for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
