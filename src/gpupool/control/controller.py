@@ -166,6 +166,7 @@ class Controller:
                 self._session.close()
                 self._session = None
             self.view.reset()
+            self.adoption = Adoption()  # another leader may have adopted and ended pods meanwhile
 
     def _commit(self, s: Session) -> None:
         if self.fence is not None:

@@ -70,6 +70,10 @@ def workload_name(pod: ForeignPod, taken: bool) -> str:
     return f"{base[:54].rstrip('-')}-{pod.uid.replace('-', '')[:8]}"
 
 
+def _settled(pod: ForeignPod) -> bool:
+    return pod.ended or pod.deleting or bool(pod.node)
+
+
 def _lost(pod: ForeignPod | None) -> bool:
     """Gone, going, or bound by someone else (on a node without gpupool's allocation on it)."""
     return pod is None or pod.deleting or bool(pod.node and pod.allocation is None)
@@ -84,6 +88,8 @@ class Adoption:
         self._generation: int | None = None
         self._looked = 0.0
         self._owners: dict[int, int] = {}
+        self._strangers: set[str] = set()
+        """Uids of pods with no workload that will never have one (ended, going, or bound by someone else)."""
 
     def admit(
         self, sessions: sessionmaker[Session], backend: Any, now: float, commit: Callable[[Session], None]
@@ -102,7 +108,7 @@ class Adoption:
             self._end_gone(s, now)
             queues = {q.name: q for q in s.scalars(select(QueueRow).where(QueueRow.kind == "project"))}
             for pod in pods:
-                if pod.uid in self.known or pod.ended or pod.deleting or pod.node:
+                if pod.uid in self.known or _settled(pod):
                     continue  # bound by someone else, or ended, before gpupool took it: not gpupool's
                 refusal = self._refusal(pod, queues)
                 if refusal is not None:
@@ -115,13 +121,16 @@ class Adoption:
 
     def _find(self, s: Session) -> None:
         """Pods the store has workloads for already (a restarted server, another leader's adoptions)."""
-        unknown = [uid for uid in self.pods if uid not in self.known]
+        self._strangers &= self.pods.keys()
+        unknown = [uid for uid in self.pods if uid not in self.known and uid not in self._strangers]
         for i in range(0, len(unknown), 500):
             query = select(WorkloadRow.origin_uid, WorkloadRow.id).where(
                 WorkloadRow.origin_uid.in_(unknown[i : i + 500])
             )
             for uid, wid in s.execute(query):
                 self.known[str(uid)] = int(wid)
+        # Not found, and never to be adopted (ended, going, or bound by someone else): not looked up again.
+        self._strangers |= {u for u in unknown if u not in self.known and _settled(self.pods[u])}
 
     def _end_gone(self, s: Session, now: float) -> None:
         """A pod deleted, being deleted or bound by another scheduler ends its workload (cancelled)."""
