@@ -32,6 +32,12 @@ def states(s: Server) -> dict[str, str]:
     return {w["name"]: w["state"] for w in s.json("list", "-p", "vision")}
 
 
+def reach(s: Server, name: str, state: str) -> dict[str, Any]:
+    """Wait for a pod's workload (made when gpupool next looks at pods) to be in `state`; returns its description."""
+    wait_for(lambda: states(s).get(name) == state, 30, f"{name} to be {state}")
+    return s.workload(name)
+
+
 def devices(s: Server, node: str) -> list[int] | None:
     """The indices of the devices gpupool offers on `node`."""
     return next(([d["index"] for d in n["devices"]] for n in s.json("nodes") if n["name"] == node), None)
@@ -66,6 +72,13 @@ def test_a_pod_naming_gpupool_is_a_workload_bound_to_a_node(
     workloads.core.create_namespaced_pod("default", pod("train-b", {PROJECT: "vision"}))
     both = [("train-a", "succeeded"), ("train-b", "running")]
     wait_for(lambda: sorted((w["name"], w["state"]) for w in s.json("list", "-p", "vision")) == both, 30, "train-b")
+    # The project may come from the namespace's label instead of the pod's.
+    workloads.core.create_namespace({"metadata": {"name": "ml", "labels": {PROJECT: "vision"}}})
+    workloads.core.create_namespaced_pod("ml", pod("train-c", {}))
+    try:
+        assert reach(s, "train-c", "running")["origin"]["namespace"] == "ml"
+    finally:
+        workloads.core.delete_namespaced_pod("train-c", "ml", grace_period_seconds=0)
 
 
 def test_a_pod_with_no_project_is_refused_with_an_event_and_a_condition(
@@ -142,7 +155,7 @@ def test_a_deleted_pod_ends_its_workload_and_a_jobs_pod_runs_to_completion(
 ) -> None:
     s, node = start(cluster, kube_server, "jobs")
     workloads.core.create_namespaced_pod("default", pod("doomed", {PROJECT: "vision"}))
-    s.wait_state("doomed", "running")
+    reach(s, "doomed", "running")
     # A pod that claims doomed's allocation (annotation and label forged) is not taken for it: it ends, doomed runs.
     alloc = workloads.core.read_namespaced_pod("doomed", "default").metadata.annotations["gpupool.io/allocation"]
     forged = pod("forged", {"gpupool.io/managed": "true"}, gpus=0, run_for="1s", **{"gpupool.io/allocation": alloc})
@@ -157,7 +170,7 @@ def test_a_deleted_pod_ends_its_workload_and_a_jobs_pod_runs_to_completion(
     assert w["events"][-1]["args"] == {"by": "kubernetes"}
     # Cancelled through gpupool, the pod is deleted (with its grace period) and the workload ends cancelled.
     workloads.core.create_namespaced_pod("default", pod("stopped", {PROJECT: "vision"}))
-    s.wait_state("stopped", "running")
+    reach(s, "stopped", "running")
     s.cli("cancel", "stopped")
     s.wait_state("stopped", "cancelled", timeout=30)
     poll(
