@@ -74,9 +74,11 @@ class ForeignPods:
             return kept[0]
         try:
             labels = self.core.read_namespace(namespace).metadata.labels or {}
-        except self._client.ApiException as e:
-            if e.status not in (403, 404):
-                raise
+        except Exception as e:  # an API error or a dropped connection
+            # Never the cycle's failure: the pod waits (as it was, or without a project) until the next read.
+            if getattr(e, "status", None) not in (403, 404):
+                log.warning("reading namespace %s failed (%s); reading it again shortly", namespace, e)
+                return kept[0] if kept is not None else None
             labels = {}
         project = labels.get(PROJECT)
         self._namespaces[namespace] = (project, now)
