@@ -157,6 +157,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         kube = KubeSettings(
             settings.kubeconfig, settings.pool_label, settings.namespace_prefix, settings.default_image,
             uid_base=settings.uid_base, code_url=code_url, code_image=settings.code_image or SERVER_IMAGE,
+            scheduler_name=settings.scheduler_name,
         )  # fmt: skip
 
         def code_token(workload_id: int) -> str:

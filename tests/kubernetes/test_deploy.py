@@ -18,7 +18,7 @@ VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletec
 # (API group, resource, subresource) -> the verbs granted. Cluster-scoped resources are asked without a namespace.
 GRANTED: dict[tuple[str, str, str], set[str]] = {
     ("", "nodes", ""): {"get", "list", "watch"},
-    ("", "pods", ""): {"get", "list", "watch", "create", "delete"},
+    ("", "pods", ""): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "pods", "log"): {"get"},
     ("", "pods", "exec"): {"get", "create"},
     ("", "pods", "attach"): {"get", "create"},
