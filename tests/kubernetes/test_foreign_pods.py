@@ -64,6 +64,7 @@ def test_a_pod_naming_gpupool_is_a_workload_bound_to_a_node(
         "kind": "Pod", "namespace": "default", "name": "train-a", "uid": running[0].metadata.uid,
     }  # fmt: skip
     assert [x["name"] for x in s.json("list", "-p", "vision")] == ["train-a"]
+    assert "Origin:      Pod default/train-a\n" in s.cli("describe", "train-a").stdout
     # Still there after it ended (left to its owner), and never adopted twice, by a restarted server either.
     assert workloads.pods(f"{PROJECT}=vision")[0].status.phase == "Succeeded"
     s.kill()
