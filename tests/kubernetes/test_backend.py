@@ -47,7 +47,7 @@ def test_workloads_become_bound_pods_and_their_phases_drive_states(
     s = kube_server()
     wait_for(lambda: len([n for n in s.json("nodes") if n["name"] in nodes]) == 2, 30, "gpupool to see the nodes")
     s.cli("project", "create", "vision", "--deserved-gpus", "16", "--pool", "h100")
-    s.cli("submit", "-p", "vision", "--name", "whole", "--gpus", "2", "--env", "RUN_FOR=3s", "--", "python", "train.py")
+    s.cli("submit", "-p", "vision", "--name", "whole", "--gpus", "2", "--env", "RUN_FOR=9s", "--", "python", "train.py")
     s.cli("submit", "-p", "vision", "--name", "quarter", "--gpu", "0.25", "--", "sleep", "inf")
     s.cli(
         "submit",
@@ -81,7 +81,7 @@ def test_workloads_become_bound_pods_and_their_phases_drive_states(
     gang = [p for p in _pods(cluster) if p.metadata.labels.get("gpupool.io/workload") == "ddp"]
     assert len(gang) == 2 and {e.name for e in gang[0].spec.containers[0].env} >= {"MASTER_ADDR", "RANK", "WORLD_SIZE"}
     assert all(n <= 8 for n in _gpus_per_node(cluster).values())
-    assert s.wait_state("whole", "succeeded", timeout=30)["exit_code"] == 0
+    assert s.wait_state("whole", "succeeded", timeout=60)["exit_code"] == 0
     assert s.wait_state("broken", "failed", timeout=30)["exit_code"] == 1
     s.cli("cancel", "quarter")
     s.wait_state("quarter", "cancelled", timeout=30)
