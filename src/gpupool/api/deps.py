@@ -70,6 +70,20 @@ def plausible_token(token: str) -> bool:
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
+async def principal_of(ctx: Context, token: str) -> Principal | None:
+    """Who a token names, from the cache, else from the store on a worker thread (websockets and streams, which
+    authenticate outside FastAPI's dependencies)."""
+    who = ctx.principals.peek(token)
+    if who is None:
+
+        def look() -> Principal | None:
+            with ctx.sessions() as s:
+                return ctx.principals.get(s, token)
+
+        who = await run_in_threadpool(look)
+    return who
+
+
 async def get_principal(
     request: Request,
     ctx: Annotated[Context, Depends(get_context)],

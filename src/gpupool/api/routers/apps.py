@@ -32,7 +32,7 @@ from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from gpupool.api.deps import Context, plausible_token
+from gpupool.api.deps import Context, plausible_token, principal_of
 from gpupool.backends.base import AppEndpoint
 from gpupool.services import apps, tokens
 from gpupool.services.auth import Principal
@@ -86,15 +86,7 @@ async def _caller(
 async def _token_caller(ctx: Context, token: str | None) -> Principal | None:
     if token is None or not plausible_token(token) or not token.startswith(("gp_", "gps_")):
         return None
-    who = ctx.principals.peek(token)
-    if who is None:
-
-        def look() -> Principal | None:
-            with ctx.sessions() as s:
-                return ctx.principals.get(s, token)
-
-        who = await run_in_threadpool(look)
-    return who
+    return await principal_of(ctx, token)
 
 
 async def _api_key(ctx: Context, headers: Mapping[str, str], project: str, name: str) -> bool:

@@ -42,7 +42,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
-from gpupool.api.deps import Context, plausible_token
+from gpupool.api.deps import Context, plausible_token, principal_of
 from gpupool.backends.shell import (
     EXIT,
     RESIZE,
@@ -221,15 +221,7 @@ async def _caller(ctx: Context, headers: Mapping[str, str]) -> Principal | None:
     token = value.strip()
     if scheme.lower() != "bearer" or not plausible_token(token) or token.startswith("gpk_"):
         return None
-    who = ctx.principals.peek(token)
-    if who is None:
-
-        def look() -> Principal | None:
-            with ctx.sessions() as s:
-                return ctx.principals.get(s, token)
-
-        who = await run_in_threadpool(look)
-    return who
+    return await principal_of(ctx, token)
 
 
 async def _deny(ws: WebSocket, status: int, detail: str) -> None:
