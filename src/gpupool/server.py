@@ -191,6 +191,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         interval_s=settings.interval_s,
         telemetry_interval_s=settings.telemetry_interval_s,
         workdir_retention_s=settings.workdir_retention_s,
+        gang_timeout_s=settings.gang_timeout_s,
         inventory_interval_s=10.0 if settings.backend == "kubernetes" else None,
         fence=None if leadership is None else leadership.fence,
     )

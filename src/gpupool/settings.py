@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     scheduler_name: str = Field("gpupool", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     """The `spec.schedulerName` gpupool serves (kubernetes): a pod naming it, with a project, is a workload gpupool
     schedules and binds; gpupool's own pods name it too."""
+    gang_timeout_s: float = Field(600.0, gt=0)
+    """How long some pods of a gang (kubernetes: a Job's, a JobSet's, a PodGroup's) may wait for the rest before their
+    condition says the gang is overdue. None of them is placed until all exist, however long that takes."""
     default_image: str = "python:3.12-slim"
     gpus: str = "auto"
     """'auto' (NVML, else simulated), 'nvml', or 'fake:<count>x<model>-<memory GB>[,...]'."""

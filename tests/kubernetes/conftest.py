@@ -31,11 +31,12 @@ def cluster() -> Iterator[Cluster]:
 def kube_server(tmp_path: Path, cluster: Cluster) -> Iterator[Callable[..., Server]]:
     servers = Servers(tmp_path)
 
-    def make(*args: str) -> Server:
+    def make(*args: str, env: dict[str, str] | None = None) -> Server:
         backend = ("--backend", "kubernetes", "--kubeconfig", str(cluster.kubeconfig))
         root = tmp_path / f"server{len(servers.started)}"
         root.mkdir()
         s = Server(root, None, "fake:1xH100-80GB", (*backend, *args))
+        s.env |= env or {}
         s.args += ("--public-url", s.url)  # where pods fetch their code: the port is only known now
         servers.started.append(s)
         return s.start()

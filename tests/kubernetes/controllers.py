@@ -234,7 +234,11 @@ class Workloads:
             if e.status != 404:  # no JobSet CRD in this cluster
                 raise
         for job in self.batch.list_namespaced_job(self.namespace).items:
-            self.batch.delete_namespaced_job(job.metadata.name, self.namespace, propagation_policy="Background")
+            try:
+                self.batch.delete_namespaced_job(job.metadata.name, self.namespace, propagation_policy="Background")
+            except ApiException as e:
+                if e.status != 404:  # a JobSet's, deleted with it meanwhile
+                    raise
         self.core.delete_collection_namespaced_pod(self.namespace, grace_period_seconds=0)
         # A Job's pods keep its tracking finalizer until the Job controller has counted them.
         poll("the namespace's pods gone", lambda: not self.core.list_namespaced_pod(self.namespace).items,

@@ -18,7 +18,7 @@ VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletec
 # (API group, resource, subresource) -> the verbs granted. Cluster-scoped resources are asked without a namespace.
 GRANTED: dict[tuple[str, str, str], set[str]] = {
     ("", "nodes", ""): {"get", "list", "watch"},
-    ("", "pods", ""): {"get", "list", "watch", "create", "delete", "patch"},
+    ("", "pods", ""): {"get", "list", "watch", "create", "delete"},
     ("", "pods", "log"): {"get"},
     ("", "pods", "exec"): {"get", "create"},
     ("", "pods", "attach"): {"get", "create"},
@@ -35,6 +35,8 @@ GRANTED: dict[tuple[str, str, str], set[str]] = {
     ("batch", "jobs", ""): {"get", "list", "watch", "patch", "update"},
     ("jobset.x-k8s.io", "jobsets", ""): {"get", "list", "watch", "patch", "update"},
     ("scheduling.x-k8s.io", "podgroups", ""): {"get", "list", "watch"},
+    **{("kubeflow.org", kind, ""): {"get"} for kind in ("pytorchjobs", "tfjobs", "mpijobs", "xgboostjobs")},
+    ("ray.io", "rayclusters", ""): {"get"},
     ("scheduling.k8s.io", "priorityclasses", ""): {"get", "list", "watch"},
     # Neighbours: nothing at all.
     ("", "pods", "eviction"): set(),

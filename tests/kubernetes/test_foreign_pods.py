@@ -61,7 +61,7 @@ def test_a_pod_naming_gpupool_is_a_workload_bound_to_a_node(
     w = s.wait_state("train-a", "succeeded", timeout=30)
     assert w["project"] == "vision" and w["gpus"] == 2 and w["priority"] == "training"
     assert w["origin"] == {
-        "kind": "Pod", "namespace": "default", "name": "train-a", "uid": running[0].metadata.uid,
+        "kind": "Pod", "namespace": "default", "name": "train-a", "uid": running[0].metadata.uid, "pods": [],
     }  # fmt: skip
     assert [x["name"] for x in s.json("list", "-p", "vision")] == ["train-a"]
     assert "Origin:      Pod default/train-a\n" in s.cli("describe", "train-a").stdout
@@ -183,5 +183,6 @@ def test_a_deleted_pod_ends_its_workload_and_a_jobs_pod_runs_to_completion(
     job["spec"]["template"]["metadata"]["labels"][PROJECT] = "vision"
     workloads.create_job(job)
     poll("the Job to complete", lambda: workloads.job_condition("train", "Complete"), 60, cluster.logs)
-    done = [w for w in s.json("list", "-p", "vision") if w["name"].startswith("train-")]
-    assert sorted(w["state"] for w in done) == ["succeeded", "succeeded"]
+    # Its 2 pods were one gang: one workload of 2 members.
+    w = s.wait_state("train", "succeeded", timeout=30)
+    assert (w["workers"], w["origin"]["kind"]) == (2, "Job")

@@ -49,6 +49,9 @@ class LaunchSpec:
     port: int | None = None
     node: str = ""
     attempt: int = 0
+    adopted: bool = False
+    """Made from objects gpupool did not create (Kubernetes pods, an admitted Job): launched by binding them, never
+    as gpupool's own."""
     image: str | None = None
     code: str | None = None
     """The content address (`sha256:<hex>`) of the code tree the member starts in; None: an empty directory."""
@@ -64,6 +67,11 @@ class LaunchSpec:
     pod_security: str = "restricted"
     """How tightly a pod is confined (kubernetes): "restricted" (a non-root identity of its project's, no
     capabilities) or "baseline" (the image's own user; no privilege escalation). An admin's per-project choice."""
+
+
+class LaunchWaits(RuntimeError):
+    """A launch that cannot happen yet and will without anyone's help (an admitted Job's pods are still being
+    made): tried again next cycle, and no failure."""
 
 
 @dataclass(frozen=True, slots=True)

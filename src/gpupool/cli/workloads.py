@@ -129,6 +129,8 @@ def describe_text(d: WorkloadDetail) -> None:
     print(f"Project:     {d.project}" + (f", submitted by {d.owner}" if d.owner else ""))
     if d.origin is not None:
         print(f"Origin:      {d.origin.kind} {d.origin.namespace}/{d.origin.name}")
+        if d.origin.pods:
+            print(f"Pods:        {', '.join(d.origin.pods)}")
     print(f"Type:        {d.type}, priority {d.priority}, {'preemptible' if d.preemptible else 'not preemptible'}")
     print(f"State:       {d.state}" + (f" (attempt {d.attempt + 1})" if d.attempt else ""))
     print(f"Reason:      {d.reason}" + (f" [{d.reason_code}]" if d.reason_code else ""))

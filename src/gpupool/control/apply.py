@@ -8,7 +8,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 
-from gpupool.backends.base import Backend, DeviceGrant, LaunchSpec
+from gpupool.backends.base import Backend, DeviceGrant, LaunchSpec, LaunchWaits
 from gpupool.core import Decision
 from gpupool.failpoints import failpoint
 from gpupool.lifecycle import transitions as lifecycle
@@ -137,6 +137,7 @@ def launch_spec(
         port=alloc.port,
         node=alloc.node,
         attempt=alloc.attempt,
+        adopted=row.origin is not None,
         image=row.image,
         code=row.code,
         grace_s=row.grace_s,
@@ -193,6 +194,9 @@ def act(
     for (alloc, spec), error in zip(pending, launcher(backend.launch, [s for _, s in pending]), strict=True):
         if error is None:
             lifecycle.move_alloc(alloc, AllocPhase.LAUNCHED)
+        elif isinstance(error, LaunchWaits):
+            log.debug("launching %s waits: %s", spec.alloc_id, error)
+            busy = True
         else:
             log.warning("launching %s failed; trying again next cycle: %s", spec.alloc_id, error)
             busy = True

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpupool.backends.base import Backend, LaunchSpec, Sample, VolumeSpec
 from gpupool.control.apply import act, persist, sequential
 from gpupool.control.estimates import Estimates
-from gpupool.control.foreign import Adoption
+from gpupool.control.foreign import GANG_TIMEOUT_S, Adoption
 from gpupool.control.loop import SchedulerLoop
 from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.reconcile import reconcile
@@ -74,7 +74,9 @@ class Controller:
         inventory_interval_s: float | None = None,
         fence: Callable[[Session], None] | None = None,
         workdir_retention_s: float = WORKDIR_RETENTION_S,
+        gang_timeout_s: float = GANG_TIMEOUT_S,
     ) -> None:
+        self.gang_timeout_s = gang_timeout_s
         self.sessions = sessions
         self.workdir_retention_s = workdir_retention_s
         """How long a finished workload's working directory is kept (the backend's, where it keeps one)."""
@@ -114,7 +116,7 @@ class Controller:
         self._failing: str | None = None
         self._memo = Memo()
         self.estimates = Estimates(sessions, self.config)
-        self.adoption = Adoption()
+        self.adoption = Adoption(gang_timeout_s=self.gang_timeout_s)
         """Pods gpupool did not make that name it as their scheduler (kubernetes), and their workloads."""
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
         self.fence = fence
@@ -166,7 +168,8 @@ class Controller:
                 self._session.close()
                 self._session = None
             self.view.reset()
-            self.adoption = Adoption()  # another leader may have adopted and ended pods meanwhile
+            # Another leader may have adopted and ended pods meanwhile.
+            self.adoption = Adoption(gang_timeout_s=self.gang_timeout_s)
 
     def _commit(self, s: Session) -> None:
         if self.fence is not None:

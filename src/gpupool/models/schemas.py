@@ -233,12 +233,15 @@ class QueuePosition(Reply):
 
 
 class WorkloadOrigin(Reply):
-    """The object a workload was adopted from: a Kubernetes pod that names gpupool as its scheduler."""
+    """The object a workload was adopted from: a Kubernetes pod that names gpupool as its scheduler, or the owner of a
+    gang of them (a Job, a JobSet, a PodGroup, ...)."""
 
     kind: str
     namespace: str
     name: str
     uid: str
+    pods: list[str] = Field(default_factory=list)
+    """A gang's pods, by member (empty for a single pod: it is the origin)."""
 
 
 class WorkloadDetail(WorkloadPublic):

@@ -251,9 +251,11 @@ class WorkloadRow(Base):
     state: Mapped[str] = mapped_column(String(16))
     origin: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     """Where a workload gpupool did not submit comes from: {kind: "Pod", namespace, name, uid} for a Kubernetes pod
-    that names gpupool as its scheduler; None for what was submitted to gpupool."""
+    that names gpupool as its scheduler, {kind: "Job" | "JobSet" | "PodGroup" | ..., namespace, name, uid, pods}
+    for a gang of them (its pods in workload_pods); None for what was submitted to gpupool."""
     origin_uid: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    """That object's uid: one workload per pod, however often the pods are listed again."""
+    """A single pod's uid: one workload per pod, however often the pods are listed again (None for a gang, whose
+    owner makes a new gang each time it replaces its pods)."""
     reason_event: Mapped[str] = mapped_column(String(32), default="queued", server_default="queued")
     """Its current reason: the lifecycle's EventCode of its last step (or "queued" with the scheduler's reason),
     the StopReason or PendingReason, and their arguments. The sentence is rendered from them at the edge."""
@@ -310,6 +312,16 @@ class AllocationRow(Base):
     enforced: Mapped[bool] = mapped_column(Boolean, default=False)
     """A fractional limit enforced by the backend (CUDA MPS) rather than advisory."""
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class WorkloadPodRow(Base):
+    """A Kubernetes pod gpupool did not make that is one member of an adopted workload: a pod is adopted once,
+    however often the pods are listed again or by whichever server leads."""
+
+    __tablename__ = "workload_pods"
+    pod_uid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), index=True)
+    member: Mapped[int] = mapped_column(Integer)
 
 
 class EventRow(Base):

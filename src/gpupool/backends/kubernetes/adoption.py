@@ -12,7 +12,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gpupool.backends.base import LaunchSpec
+from gpupool.backends.base import LaunchSpec, LaunchWaits
+from gpupool.backends.kubernetes.admission import Admitter
 from gpupool.backends.kubernetes.foreign import (
     PROJECT,
     VISIBLE_DEVICES,
@@ -21,6 +22,7 @@ from gpupool.backends.kubernetes.foreign import (
     scheduling_event,
     unschedulable_condition,
 )
+from gpupool.backends.kubernetes.gangs import GangReader, Unreadable
 from gpupool.backends.kubernetes.manifests import ALLOC, DEVICES, device_uuid, granted
 from gpupool.backends.kubernetes.podwatch import PodWatch
 from gpupool.core import Node
@@ -34,6 +36,10 @@ Reserve = Callable[[str, int, str], None]
 """Holds a shared device for an allocation: (node, device index, allocation id)."""
 
 
+class PodGone(RuntimeError):
+    """A member of a workload made from pods has no pod left to bind."""
+
+
 class BindConflict(RuntimeError):
     """The pod is bound to another node than the one gpupool chose (someone else bound it first)."""
 
@@ -45,11 +51,17 @@ class ForeignPods:
         self.watch = watch
         self.component = component
         self._lock = threading.Lock()
-        self._claimed: dict[int, ForeignPod] = {}
-        """Workload id → its pod, as the control loop said (from the store, every pod it has a workload for)."""
+        self._claimed: dict[tuple[int, int], ForeignPod] = {}
+        """(Workload id, member) → its pod, as the control loop said (from the store, every pod it has a workload
+        for)."""
+        self._adopted: set[int] = set()
+        self._admitted: set[int] = set()
         self._namespaces: dict[str, tuple[str | None, float]] = {}
         self._told: dict[str, str] = {}
         """Pod uid → the message its condition and last event carry (written again only when it changes)."""
+        self.gangs = GangReader(core.api_client, client)
+        self.admitter = Admitter(core.api_client, client, watch.scheduler, component)
+        """The Jobs and JobSets that wait for gpupool's admission (gpupool.control.admission)."""
         self.allocs: set[str] = set()
         """Allocations that are foreign pods: an ended one is left to its own controller, never deleted here."""
 
@@ -64,6 +76,11 @@ class ForeignPods:
                 project = self._namespace_project(pod.namespace)
                 if project is not None:
                     pod = replace(pod, project=project)
+            if pod.error is None and not (pod.ended or pod.deleting):
+                try:
+                    pod = replace(pod, gang=self.gangs.gang(pod))
+                except Unreadable as e:
+                    pod = replace(pod, error=f"its gang is unknown: {e}")
             out.append(pod)
         return generation, out
 
@@ -84,19 +101,30 @@ class ForeignPods:
         self._namespaces[namespace] = (project, now)
         return project
 
-    def claim(self, pods: dict[int, ForeignPod]) -> None:
-        """The pods the store has workloads for, by workload id (all of them, each cycle they change)."""
-        self.watch.claim({wid: p.uid for wid, p in pods.items()})
+    def claim(self, pods: dict[tuple[int, int], ForeignPod], adopted: set[int], admitted: set[int]) -> None:
+        """The pods the store has workloads for, by workload id and member (all of them, each cycle they change),
+        the live workloads made from pods (whether their pods are still there or not), and those of admitted Jobs
+        (whose pods may not have been made yet)."""
+        self.watch.claim({p.uid: key for key, p in pods.items()})
         with self._lock:
             self._claimed = dict(pods)
+            self._adopted = set(adopted)
+            self._admitted = set(admitted)
             live = {p.uid for p in pods.values()}
             with self.watch.lock:
                 live |= self.watch.foreign.keys()
             self._told = {uid: m for uid, m in self._told.items() if uid in live}
 
-    def claimed(self, workload_id: int) -> ForeignPod | None:
+    def claimed(self, workload_id: int, member: int) -> ForeignPod | None:
+        """The member's pod; raises PodGone for a workload made from pods whose pod is gone (never launched as one
+        of gpupool's own: its workload is ended when gpupool next looks at the pods)."""
         with self._lock:
-            return self._claimed.get(workload_id)
+            pod = self._claimed.get((workload_id, member))
+            if pod is None and workload_id in self._admitted:
+                raise LaunchWaits("its Job is unsuspended; its controller has not made all its pods yet")
+            if pod is None and workload_id in self._adopted:
+                raise PodGone(f"the pod of member {member} of workload {workload_id} is gone")
+            return pod
 
     def bind(
         self,
@@ -118,19 +146,22 @@ class ForeignPods:
             raise
 
     def _bind(self, spec: LaunchSpec, pod: ForeignPod) -> None:
-        """Its allocation and devices go in its annotations first (the only part of a pod that may still change),
-        so the watch knows it as this allocation's from the moment it is bound."""
+        """Its allocation and devices go in the Binding's annotations, which the API server writes onto the pod with
+        its node: the watch knows it as this allocation's from the moment it is bound, and a refused Binding leaves
+        nothing behind."""
         shared = [d for d in spec.devices if d.milli < 1000]
         notes = {ALLOC: spec.alloc_id, DEVICES: ",".join(f"{d.index}:{d.milli}" for d in spec.devices)}
         if shared:
             notes[VISIBLE_DEVICES] = device_uuid(spec.node, shared[0].index)
         self.allocs.add(spec.alloc_id)
-        self.core.patch_namespaced_pod(pod.name, pod.namespace, {"metadata": {"annotations": notes}})
         try:
-            # The generated client cannot read the Status this answers with: the response is not deserialised.
-            self.core.create_namespaced_pod_binding(
-                pod.name, pod.namespace, binding(pod, spec.node), _preload_content=False
+            # The generated client cannot read the Status this answers with, so it is not deserialised; it is read
+            # all the same, so the connection goes back to the pool (unread, each bind paid a new TLS handshake).
+            answer = self.core.create_namespaced_pod_binding(
+                pod.name, pod.namespace, binding(pod, spec.node, notes), _preload_content=False
             )
+            answer.read()
+            answer.release_conn()
         except self._client.ApiException as e:
             if e.status != 409:
                 raise
@@ -138,8 +169,6 @@ class ForeignPods:
             if where != spec.node:
                 # Not gpupool's binding: without its allocation the control loop sees a pod another scheduler bound,
                 # ends its workload and counts the pod as capacity in use.
-                unclaimed = {"metadata": {"annotations": dict.fromkeys(notes)}}
-                self.core.patch_namespaced_pod(pod.name, pod.namespace, unclaimed)
                 raise BindConflict(f"pod {pod.namespace}/{pod.name} is bound to {where}, not {spec.node}") from None
         with self._lock:
             self._told.pop(pod.uid, None)
@@ -163,6 +192,26 @@ class ForeignPods:
             return
         with self._lock:
             self._told[pod.uid] = message
+
+    def suspends(self, alloc_id: str) -> bool:
+        """Whether a stop of this allocation is carried out by suspending its Job (an admitted one's: its controller
+        removes its pods) rather than by deleting its pod."""
+        wid = alloc_id.split("-", 1)[0]
+        with self._lock:
+            return wid.isdigit() and int(wid) in self._admitted
+
+    def disrupt(self, name: str, namespace: str) -> None:
+        """Before gpupool deletes a pod it did not make (preemption, reclaim, a cancel), the pod says so as
+        kube-scheduler's victims do: DisruptionTarget=True, reason PreemptionByScheduler. A Job's podFailurePolicy
+        can then leave the deletion out of its failures (`onPodConditions: [{type: DisruptionTarget}]`)."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cond = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                "message": f"{self.component}: stopped by gpupool", "lastTransitionTime": now}  # fmt: skip
+        try:
+            self.core.patch_namespaced_pod_status(name, namespace, {"status": {"conditions": [cond]}})
+        except self._client.ApiException as e:
+            if e.status != 404:
+                log.warning("marking pod %s/%s for deletion failed: %s", namespace, name, e.reason)
 
     def less_used(self, node: Node) -> Node:
         """The node less what pods another scheduler placed on it hold. Their whole GPUs are taken from the devices

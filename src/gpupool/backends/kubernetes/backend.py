@@ -18,6 +18,7 @@ from gpupool.backends.base import (
     FilesError,
     FilesTarget,
     LaunchSpec,
+    LaunchWaits,
     Observed,
     Sample,
     VolumeSpec,
@@ -169,10 +170,12 @@ class KubernetesBackend:
 
     # -- launch, stop, observe -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> None:
-        foreign = self.foreign.claimed(spec.workload_id)
+        foreign = self.foreign.claimed(spec.workload_id, spec.rank)
         if foreign is not None:
             self.foreign.bind(spec, foreign, self._reserve, self._unreserve)
             return
+        if spec.adopted:  # its pods are not known yet (a server just started), or not made yet
+            raise LaunchWaits(f"no pod is known for member {spec.rank} of workload {spec.workload_id} yet")
         ns = namespace_for(spec.project, self.settings.namespace_prefix)
         try:
             self._ensure_namespace(ns, check_level(spec.pod_security))
@@ -262,8 +265,12 @@ class KubernetesBackend:
 
     def stop(self, alloc_id: str, force: bool) -> None:
         where = self._where(alloc_id)
-        if where is None:
-            return
+        if where is None or (not force and self.foreign.suspends(alloc_id)):
+            return  # an admitted Job's pod goes when the Job is suspended; deleted here once its grace is over
+        with self.watch.lock:
+            pod = self.watch.pods.get(alloc_id)
+        if pod is not None and _labels(pod).get(MANAGED) != "true" and not pod["metadata"].get("deletionTimestamp"):
+            self.foreign.disrupt(*where)  # once: a stop is asked again each cycle until the pod is gone
         grace = 0 if force else None
         try:
             self.core.delete_namespaced_pod(*where, grace_period_seconds=grace)

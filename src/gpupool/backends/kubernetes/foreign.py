@@ -21,8 +21,36 @@ VISIBLE_DEVICES = "gpupool.io/visible-devices"
 that may change once a pod exists, so a pod that wants it reads it through the downward API."""
 GPU = "nvidia.com/gpu"
 ALLOCATION = "gpupool.io/allocation"
+POD_GROUP = "scheduling.x-k8s.io/pod-group"
+"""The coscheduling convention's label naming a pod's PodGroup (whose minMember is the gang's size)."""
+# Where a pod's rank in its gang is read from: the operators' own labels and annotations, most specific last.
+_ROLE_KEYS = ("jobset.sigs.k8s.io/replicatedjob-name", "training.kubeflow.org/replica-type", "ray.io/group")
+_JOB_KEYS = ("jobset.sigs.k8s.io/job-index",)
+_INDEX_KEYS = ("batch.kubernetes.io/job-completion-index", "training.kubeflow.org/replica-index")
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B?)?", re.IGNORECASE | re.ASCII)
 _SCALE_MIB = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """A pod's controller, as its ownerReferences name it."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """The group a pod is one member of, admitted all or nothing: a Job, a JobSet, an operator's job, a PodGroup."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    size: int
+    """How many of its pods ask for GPUs: the gang's members. Its pods that ask none are placed on their own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +81,17 @@ class ForeignPod:
     """Why its request cannot be read (a bad annotation): it is refused with this."""
     allocation: str | None = None
     """The allocation gpupool wrote on it before binding it; None on a pod gpupool has not bound."""
+    owner: Owner | None = None
+    pod_group: str | None = None
+    """The PodGroup its label names."""
+    rank: tuple[str, int, int, str] = ("", 0, 0, "")
+    """Its place among its gang's pods: role (replicated job, replica type), job index, completion index, name."""
+    gang: Gang | None = None
+    """Filled by the backend, which reads owners: the gang it is a member of; None for a pod placed alone."""
+
+    @property
+    def asks_gpu(self) -> bool:
+        return bool(self.gpus or self.gpu_milli or self.gpu_memory_mib)
 
     @property
     def ended(self) -> bool:
@@ -133,6 +172,11 @@ def foreign_pod(pod: Mapping[str, Any], quantity: Quantity) -> ForeignPod:
             if not mem:
                 error = f"{GPU_MEMORY} {size[:40]!r}: expected a size like 20GiB or 512MiB"
     containers = spec.get("containers") or [{}]
+    controller = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    owner = None
+    if controller is not None:
+        owner = Owner(controller.get("apiVersion", ""), controller.get("kind", ""), controller.get("name", ""),
+                      controller.get("uid", ""))  # fmt: skip
     return ForeignPod(
         uid=meta["uid"],
         namespace=meta["namespace"],
@@ -152,7 +196,24 @@ def foreign_pod(pod: Mapping[str, Any], quantity: Quantity) -> ForeignPod:
         grace_s=float(spec.get("terminationGracePeriodSeconds", 30)),
         error=error,
         allocation=notes.get(ALLOCATION),
+        owner=owner,
+        pod_group=labels.get(POD_GROUP),
+        rank=(
+            _first(labels, notes, _ROLE_KEYS),
+            _number(labels, notes, _JOB_KEYS),
+            _number(labels, notes, _INDEX_KEYS),
+            meta["name"],
+        ),
     )
+
+
+def _first(labels: Mapping[str, str], notes: Mapping[str, str], keys: tuple[str, ...]) -> str:
+    return next((str(m[k]) for k in keys for m in (labels, notes) if k in m), "")
+
+
+def _number(labels: Mapping[str, str], notes: Mapping[str, str], keys: tuple[str, ...]) -> int:
+    text = _first(labels, notes, keys)
+    return int(text) if text.isdigit() else 0
 
 
 def unschedulable_condition(message: str, now: str) -> dict[str, Any]:
@@ -186,11 +247,12 @@ def scheduling_event(pod: ForeignPod, message: str, now: str, suffix: str, compo
     }
 
 
-def binding(pod: ForeignPod, node: str) -> dict[str, Any]:
-    """The Binding a scheduler makes; the uid makes the API server refuse it for another pod of the same name."""
+def binding(pod: ForeignPod, node: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """The Binding a scheduler makes; the uid makes the API server refuse it for another pod of the same name. The
+    API server copies its annotations onto the pod with its node, in the same write."""
     return {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid, "annotations": annotations},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }

@@ -13,7 +13,6 @@ is built apart and swapped in whole: a reader never sees a half-filled view.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -86,9 +85,10 @@ class PodWatch:
         self.foreign_generation = 0
         """Counts changes to `foreign`: a reader that saw this number has nothing new to read."""
         self.used: dict[str, NodeUse] = {}
-        self.claims: dict[int, str] = {}
-        """Workload id → the uid of the pod gpupool did not make that is its member (from the store, through the
-        control loop): such a pod stands for an allocation only if it is that pod, whatever its annotations say."""
+        self.claims: dict[str, tuple[int, int]] = {}
+        """The uid of a pod gpupool did not make → the workload and member it is (from the store, through the
+        control loop): such a pod stands for an allocation only if it is that member's, whatever its annotations
+        say."""
         self.unclaimed: dict[str, tuple[str, dict[str, Any]]] = {}
         """Pod uid → (allocation, pod) for pods gpupool did not make whose allocation annotation nobody vouches for
         (yet: the control loop's claims come after the first list)."""
@@ -194,8 +194,9 @@ class PodWatch:
         self._stream = w
         list_pods = self._core.list_pod_for_all_namespaces
 
-        @functools.wraps(list_pods)  # the watch reads the return type from what it wraps
         def connect(*args: Any, **kwargs: Any) -> Any:
+            """The watch request. Its docstring names no return type, so the watch hands over each pod as the API's
+            JSON, never built into a V1Pod and back into a dict: half of the view's cost under a burst."""
             response = list_pods(*args, **kwargs)
             with self.lock:  # the server answered: the view is live again
                 self._failing_since = None
@@ -214,10 +215,12 @@ class PodWatch:
         ):
             if self._stopping.is_set():
                 return
+            obj = event["object"]
             if event["type"] != "BOOKMARK":
-                self._apply(event["type"], self._to_dict(event["object"]))
-            if w.resource_version:
-                self.resource_version = w.resource_version
+                self._apply(event["type"], obj)
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            if version:
+                self.resource_version = version
             if event["type"] != "BOOKMARK":
                 self._on_change()
 
@@ -259,9 +262,9 @@ class PodWatch:
                 return
             self._seen(alloc)
 
-    def claim(self, claims: dict[int, str]) -> None:
-        """The foreign pods the store has workloads for (workload id → pod uid): those naming an allocation of
-        their workload's stand for it from now on; any other pod naming one does not."""
+    def claim(self, claims: dict[str, tuple[int, int]]) -> None:
+        """The foreign pods the store has workloads for (pod uid → workload id and member): those naming an
+        allocation of their own member's stand for it from now on; any other pod naming one does not."""
         with self.lock:
             self.claims = dict(claims)
             for alloc, pod in list(self.pods.items()):
@@ -279,8 +282,10 @@ class PodWatch:
         make only if the store has it as that allocation's workload's pod."""
         if self._ours(pod):
             return True
-        wid = alloc.split("-", 1)[0]
-        return wid.isdigit() and self.claims.get(int(wid)) == pod["metadata"].get("uid")
+        claim = self.claims.get(pod["metadata"].get("uid", ""))
+        # An allocation's id is <workload>-<attempt>-<member>.
+        parts = alloc.split("-")
+        return claim is not None and len(parts) == 3 and parts[0] == str(claim[0]) and parts[2] == str(claim[1])
 
     def _ours(self, pod: dict[str, Any]) -> bool:
         meta = pod["metadata"]
