@@ -27,7 +27,6 @@ commit), and `Adoption.explain` after, to tell the pods that wait why.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -39,6 +38,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.control.admission import Admissions, admission_row
+from gpupool.control.pod_rules import gang_origin, gang_request, priority_for, workload_name
 from gpupool.control.view import WorkloadView
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.durations import format_duration
@@ -53,30 +53,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpupool.control")
 BY = "kubernetes"
 """Who the events of adopted workloads name as having submitted or cancelled them."""
-CRITICAL = frozenset({"system-node-critical", "system-cluster-critical"})
-DEFAULT_CLASS = "training"
 RECHECK_S = 10.0
 """Refused pods are looked at again this often (a project may have been made for them since)."""
 GANG_TIMEOUT_S = 600.0
-
-
-def priority_for(pod: ForeignPod, classes: Iterable[PriorityClass] = DEFAULT_CLASSES) -> PriorityClass | str:
-    """gpupool's class for a pod (see the module's note), or why its label names none."""
-    by_name = {c.name: c for c in classes}
-    if pod.priority is not None:
-        return by_name.get(pod.priority) or f"gpupool.io/priority {pod.priority[:40]!r} names no class of gpupool's"
-    name = pod.priority_class or ""
-    if name in by_name:
-        return by_name[name]
-    return by_name["production" if name in CRITICAL else DEFAULT_CLASS]
-
-
-def workload_name(pod: ForeignPod, taken: bool) -> str:
-    """The pod's name as a workload name (a DNS label); with its uid's start when a live workload has it."""
-    base = re.sub(r"[^a-z0-9-]+", "-", pod.name.lower()).strip("-") or "pod"
-    if not taken:
-        return base[:63].rstrip("-")
-    return f"{base[:54].rstrip('-')}-{pod.uid.replace('-', '')[:8]}"
 
 
 def _settled(pod: ForeignPod) -> bool:
@@ -86,24 +65,6 @@ def _settled(pod: ForeignPod) -> bool:
 def _lost(pod: ForeignPod | None) -> bool:
     """Gone, going, or bound by someone else (on a node without gpupool's allocation on it)."""
     return pod is None or pod.deleting or bool(pod.node and pod.allocation is None)
-
-
-def gang_request(pods: list[ForeignPod]) -> tuple[int, int] | str:
-    """The CPU and memory each member of a gang asks (the most any of its pods asks), or why its pods cannot be one
-    gang: they ask for different GPUs, or name different projects."""
-    first = pods[0]
-    for p in pods[1:]:
-        if (p.gpus, p.gpu_milli, p.gpu_memory_mib) != (first.gpus, first.gpu_milli, first.gpu_memory_mib):
-            return (f"pods {first.name} and {p.name} of one gang ask for different GPUs: gpupool places a gang whose "
-                    "pods ask the same (give a pod that differs a gang of its own)")  # fmt: skip
-        if p.project != first.project:
-            return f"pods {first.name} and {p.name} of one gang name different gpupool projects"
-    return max(p.cpu_milli for p in pods), max(p.memory_mib for p in pods)
-
-
-def gang_origin(gang: Gang, pods: list[ForeignPod]) -> dict[str, object]:
-    names = [p.name for p in pods]
-    return {"kind": gang.kind, "namespace": gang.namespace, "name": gang.name, "uid": gang.uid, "pods": names}
 
 
 class Adoption:
@@ -154,6 +115,7 @@ class Adoption:
             self._end_gone(s, now)
             queues = {q.name: q for q in s.scalars(select(QueueRow).where(QueueRow.kind == "project"))}
             gangs: dict[str, list[ForeignPod]] = {}
+            singles: list[tuple[ForeignPod, QueueRow]] = []
             for pod in pods:
                 if pod.uid in self.known or _settled(pod):
                     continue  # bound by someone else, or ended, before gpupool took it: not gpupool's
@@ -165,7 +127,8 @@ class Adoption:
                     foreign.unschedulable(pod, refusal)
                     continue
                 assert pod.project is not None
-                self._adopt(s, [pod], None, queues[pod.project], now)
+                singles.append((pod, queues[pod.project]))
+            self._adopt_singles(s, singles, now)
             for uid in set(self._incomplete) - gangs.keys():
                 del self._incomplete[uid]
             for _, members in sorted(gangs.items()):
@@ -356,29 +319,12 @@ class Adoption:
         asks: tuple[int, int] | None = None,
     ) -> None:
         pod = pods[0]
-        klass = priority_for(pod, self.classes)
-        assert not isinstance(klass, str)
-        cpu, memory = asks if asks is not None else (pod.cpu_milli, pod.memory_mib)
         base = pod if gang is None else replace(pod, name=gang.name, uid=gang.uid)
         name = workload_name(base, False)
         taken = s.scalar(
             select(WorkloadRow.id).where(WorkloadRow.project_id == project.id, WorkloadRow.live_name == name)
         )
-        name = workload_name(base, taken is not None)
-        if gang is None:
-            origin: dict[str, object] = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
-        else:
-            origin = gang_origin(gang, pods)
-        row = WorkloadRow(
-            name=name, project_id=project.id, owner_id=self._owner(s, project, now), type="training",
-            priority_class=klass.name, priority=klass.value, preemptible=klass.preemptible,
-            min_runtime_s=klass.min_runtime_s, gpus=pod.gpus, gpu_milli=pod.gpu_milli,
-            gpu_memory_mib=pod.gpu_memory_mib, cpu_milli=cpu, memory_mib=memory, workers=len(pods),
-            pools=[], gpu_models=[], command=[], image=pod.image, env={}, attempts=[],
-            grace_s=max(p.grace_s for p in pods), state=Phase.PENDING.value, attempt=0, nominated=[],
-            created_at=now, queued_at=now, allocations=[], origin=origin,
-            origin_uid=pod.uid if gang is None else None,
-        )  # fmt: skip
+        row = self._row(s, pods, gang, project, workload_name(base, taken is not None), now, asks)
         try:
             with s.begin_nested():
                 s.add(row)
@@ -389,12 +335,81 @@ class Adoption:
             log.info("pod %s/%s was not adopted this time (its uid or name is taken)", pod.namespace, pod.name)
             self._generation = None
             return
+        self._adopted(s, row, pods, now)
+        what = f"pod {pod.namespace}/{pod.name}" if gang is None else f"{gang.kind} {gang.namespace}/{gang.name}"
+        log.info("%s is workload %s/%s (id %d, %d pods)", what, project.name, row.name, row.id, len(pods))
+
+    def _adopt_singles(self, s: Session, singles: list[tuple[ForeignPod, QueueRow]], now: float) -> None:
+        """Pods on their own, all of a pass at once: one name query per project and one insert. Should one be taken
+        meanwhile (another server adopted it, a name was given since), one at a time."""
+        if not singles:
+            return
+        wanted: dict[int, set[str]] = {}
+        for pod, project in singles:
+            wanted.setdefault(project.id, set()).add(workload_name(pod, False))
+        taken: set[tuple[int, str]] = set()
+        for pid, names in sorted(wanted.items()):
+            listed = sorted(names)
+            for i in range(0, len(listed), 500):
+                query = select(WorkloadRow.live_name).where(
+                    WorkloadRow.project_id == pid, WorkloadRow.live_name.in_(listed[i : i + 500])
+                )
+                taken |= {(pid, str(n)) for n in s.scalars(query)}
+        rows = []
+        for pod, project in singles:
+            key = (project.id, workload_name(pod, False))
+            rows.append(self._row(s, [pod], None, project, workload_name(pod, key in taken), now))
+            taken.add(key)
+        try:
+            with s.begin_nested():
+                s.add_all(rows)
+                s.flush()
+                pairs = zip(rows, singles, strict=True)
+                s.add_all(WorkloadPodRow(pod_uid=p.uid, workload_id=r.id, member=0) for r, (p, _) in pairs)
+                s.flush()
+        except IntegrityError:
+            for pod, project in singles:
+                if pod.uid not in self.known:
+                    self._adopt(s, [pod], None, project, now)
+            return
+        for row, (pod, _) in zip(rows, singles, strict=True):
+            self._adopted(s, row, [pod], now)
+        log.info("%d pods are workloads (ids %d-%d)", len(rows), rows[0].id, rows[-1].id)
+
+    def _adopted(self, s: Session, row: WorkloadRow, pods: list[ForeignPod], now: float) -> None:
         s.add(lifecycle.submitted(row, BY, now))
         for p in pods:
             self.known[p.uid] = row.id
         self.members[row.id] = [p.uid for p in pods]
-        what = f"pod {pod.namespace}/{pod.name}" if gang is None else f"{gang.kind} {gang.namespace}/{gang.name}"
-        log.info("%s is workload %s/%s (id %d, %d pods)", what, project.name, name, row.id, len(pods))
+
+    def _row(
+        self,
+        s: Session,
+        pods: list[ForeignPod],
+        gang: Gang | None,
+        project: QueueRow,
+        name: str,
+        now: float,
+        asks: tuple[int, int] | None = None,
+    ) -> WorkloadRow:
+        pod = pods[0]
+        klass = priority_for(pod, self.classes)
+        assert not isinstance(klass, str)
+        cpu, memory = asks if asks is not None else (pod.cpu_milli, pod.memory_mib)
+        if gang is None:
+            origin: dict[str, object] = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
+        else:
+            origin = gang_origin(gang, pods)
+        return WorkloadRow(
+            name=name, project_id=project.id, owner_id=self._owner(s, project, now), type="training",
+            priority_class=klass.name, priority=klass.value, preemptible=klass.preemptible,
+            min_runtime_s=klass.min_runtime_s, gpus=pod.gpus, gpu_milli=pod.gpu_milli,
+            gpu_memory_mib=pod.gpu_memory_mib, cpu_milli=cpu, memory_mib=memory, workers=len(pods),
+            pools=[], gpu_models=[], command=[], image=pod.image, env={}, attempts=[],
+            grace_s=max(p.grace_s for p in pods), state=Phase.PENDING.value, attempt=0, nominated=[],
+            created_at=now, queued_at=now, allocations=[], origin=origin,
+            origin_uid=pod.uid if gang is None else None,
+        )  # fmt: skip
 
     def _owner(self, s: Session, project: QueueRow, now: float) -> int:
         if project.id in self._owners:
