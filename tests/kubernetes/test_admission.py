@@ -10,8 +10,8 @@ from typing import Any
 from tests.e2e.conftest import Server, wait_for
 from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.controllers import JOBSET_GROUP, JOBSET_VERSION, JOBSETS, JobSetManager, Workloads, jobset, poll
-from tests.kubernetes.test_foreign_pods import PROJECT, pod, reach, start
-from tests.kubernetes.test_gangs import JOB, gpupool_job
+from tests.kubernetes.test_foreign_pods import PROJECT, reach, start
+from tests.kubernetes.test_gangs import JOB, gpupool_job, start_with_one_held
 
 
 def suspended_job(name: str, pods: int, project: str, run_for: str = "", priority: str = "") -> dict[str, Any]:
@@ -35,9 +35,7 @@ def suspended(workloads: Workloads, job: str) -> bool:
 def test_a_suspended_job_makes_no_pod_until_its_whole_gang_fits(
     cluster: Cluster, workloads: Workloads, kube_server: Callable[..., Server]
 ) -> None:
-    s, node = start(cluster, kube_server, "admit", gpus=4)
-    workloads.core.create_namespaced_pod("default", pod("holder", {PROJECT: "vision"}))
-    workloads.wait_pods(f"{PROJECT}=vision", 1, "Running")
+    s, node = start_with_one_held(cluster, kube_server, workloads, "admit")
     workloads.create_job(suspended_job("held", 4, "vision", run_for="2s"))
     w = reach(s, "held", "pending")
     uid = workloads.batch.read_namespaced_job("held", "default").metadata.uid

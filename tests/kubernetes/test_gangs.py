@@ -50,12 +50,19 @@ def stops(w: dict[str, Any]) -> list[tuple[str, str | None]]:
     return [(e["code"], e["reason_code"]) for e in w["events"] if e["reason_code"] is not None]
 
 
+def start_with_one_held(cluster: Cluster, kube_server: Callable[..., Server], workloads: Workloads,
+                        prefix: str) -> tuple[Server, str]:  # fmt: skip
+    """A node of 4 GPUs, one of them taken by a running pod named holder (delete it to make room)."""
+    s, node = start(cluster, kube_server, prefix, gpus=4)
+    workloads.core.create_namespaced_pod("default", pod("holder", {PROJECT: "vision"}))
+    workloads.wait_pods(f"{PROJECT}=vision", 1, "Running")
+    return s, node
+
+
 def test_an_indexed_job_is_one_gang_placed_all_or_nothing(
     cluster: Cluster, workloads: Workloads, kube_server: Callable[..., Server]
 ) -> None:
-    s, node = start(cluster, kube_server, "gang", gpus=4)
-    workloads.core.create_namespaced_pod("default", pod("holder", {PROJECT: "vision"}))
-    workloads.wait_pods(f"{PROJECT}=vision", 1, "Running")
+    s, node = start_with_one_held(cluster, kube_server, workloads, "gang")
     # 3 GPUs are free and the Job's 4 pods ask one each: none is bound, rather than 3 that could not start.
     workloads.create_job(gpupool_job("train", 4, "vision", run_for="3s"))
     pods = workloads.wait_pods(f"{JOB}=train", 4)
@@ -138,9 +145,7 @@ def _created(custom: Any, body: dict[str, Any]) -> bool:
 def test_a_jobset_is_admitted_whole_or_not_at_all(
     cluster: Cluster, jobset_controller: JobSetManager, workloads: Workloads, kube_server: Callable[..., Server]
 ) -> None:
-    s, node = start(cluster, kube_server, "set", gpus=4)
-    workloads.core.create_namespaced_pod("default", pod("holder", {PROJECT: "vision"}))
-    workloads.wait_pods(f"{PROJECT}=vision", 1, "Running")
+    s, node = start_with_one_held(cluster, kube_server, workloads, "set")
     body = jobset("pair", {"leader": 1, "workers": 3}, scheduler="gpupool")
     for rj in body["spec"]["replicatedJobs"]:
         rj["template"]["spec"]["template"]["metadata"]["labels"][PROJECT] = "vision"

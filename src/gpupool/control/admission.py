@@ -30,6 +30,7 @@ from gpupool.store.tables import QueueRow, WorkloadPodRow, WorkloadRow
 
 if TYPE_CHECKING:
     from gpupool.backends.kubernetes.admission import Suspendable
+    from gpupool.backends.kubernetes.foreign import ForeignPod
     from gpupool.core.priority import PriorityClass
 
 log = logging.getLogger("gpupool.control")
@@ -139,10 +140,9 @@ class Admissions:
 
 
 def admission_row(
-    obj: Suspendable, project: QueueRow, owner: int, klass: PriorityClass, name: str, now: float
+    obj: Suspendable, m: ForeignPod, project: QueueRow, owner: int, klass: PriorityClass, name: str, now: float
 ) -> WorkloadRow:
-    m = obj.member
-    assert m is not None
+    """`m`: one member, as gang_request made it (the most CPU and memory any of the templates asks)."""
     origin = {"kind": obj.kind, "namespace": obj.namespace, "name": obj.name, "uid": obj.uid, "pods": [],
               "admission": True}  # fmt: skip
     return WorkloadRow(

@@ -287,21 +287,24 @@ class Adoption:
         log.info("the %d pods of %s/%s are workload %d's members", len(pods), pods[0].namespace, pods[0].name, wid)
 
     def _object_refusal(self, obj: Suspendable, queues: dict[str, QueueRow]) -> str | None:
-        if obj.member is None:
-            return "its pods ask for no GPU"
-        return self._refusal(replace(obj.member, project=obj.project or None), queues)
+        asks = gang_request(list(obj.members))
+        if isinstance(asks, str):
+            return asks
+        return self._refusal(obj.members[0], queues)
 
     def _admitted(self, s: Session, obj: Suspendable, project: QueueRow, now: float) -> WorkloadRow:
-        assert obj.member is not None
-        klass = priority_for(obj.member, self.classes)
+        asks = gang_request(list(obj.members))
+        assert not isinstance(asks, str)
+        member = replace(obj.members[0], cpu_milli=asks[0], memory_mib=asks[1])
+        klass = priority_for(member, self.classes)
         assert not isinstance(klass, str)
-        base = replace(obj.member, name=obj.name, uid=obj.uid)
+        base = replace(member, name=obj.name, uid=obj.uid)
         name = workload_name(base, False)
         taken = s.scalar(
             select(WorkloadRow.id).where(WorkloadRow.project_id == project.id, WorkloadRow.live_name == name)
         )
         name = workload_name(base, taken is not None)
-        row = admission_row(obj, project, self._owner(s, project, now), klass, name, now)
+        row = admission_row(obj, member, project, self._owner(s, project, now), klass, name, now)
         s.add(row)
         s.flush()
         s.add(lifecycle.submitted(row, BY, now))

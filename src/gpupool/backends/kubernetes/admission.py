@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gpupool.backends.kubernetes.foreign import PROJECT, ForeignPod, foreign_pod
+from gpupool.backends.kubernetes.foreign import PROJECT, ForeignPod, event, foreign_pod
 from gpupool.backends.kubernetes.gangs import asks_gpu, job_size, jobset_size
 from gpupool.backends.kubernetes.manifests import quantity
 
@@ -36,20 +36,22 @@ class Suspendable:
     finished: bool
     size: int
     """Its pods that ask for GPUs, all at once."""
-    member: ForeignPod | None
-    """One member as its template makes it (requests, priority, grace); None where it has no GPU pod."""
+    members: tuple[ForeignPod, ...]
+    """A pod as each of its templates that ask for GPUs makes it (requests, priority, grace), under its project:
+    gpupool.control.pod_rules.gang_request decides whether they make one gang."""
     error: str | None = None
 
 
-def _template_pod(obj: Mapping[str, Any], template: Mapping[str, Any]) -> ForeignPod:
+def _template_pod(obj: Mapping[str, Any], name: str, template: Mapping[str, Any]) -> ForeignPod:
     meta = obj.get("metadata") or {}
     tmeta = template.get("metadata") or {}
     pod = {
-        "metadata": {"uid": meta.get("uid", ""), "namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
+        "metadata": {"uid": meta.get("uid", ""), "namespace": meta.get("namespace", ""), "name": name,
                      "labels": tmeta.get("labels") or {}, "annotations": tmeta.get("annotations") or {}},
         "spec": template.get("spec") or {},
     }  # fmt: skip
-    return foreign_pod(pod, quantity)
+    project = (meta.get("labels") or {}).get(PROJECT) or None
+    return replace(foreign_pod(pod, quantity), project=project)
 
 
 def _finished(obj: Mapping[str, Any]) -> bool:
@@ -62,41 +64,33 @@ def suspendable(obj: Mapping[str, Any], kind: str, scheduler: str) -> Suspendabl
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     if kind == "Job" and any(r.get("controller") for r in meta.get("ownerReferences") or []):
         return None
+    name = str(meta.get("name", ""))
     if kind == "Job":
-        templates = [spec.get("template") or {}]
+        templates = {name: spec.get("template") or {}}
         size = job_size(obj)
     else:
-        templates = [((rj.get("template") or {}).get("spec") or {}).get("template") or {}
-                     for rj in spec.get("replicatedJobs") or []]  # fmt: skip
+        templates = {f"{name}-{rj.get('name', '')}": ((rj.get("template") or {}).get("spec") or {}).get("template")
+                     or {} for rj in spec.get("replicatedJobs") or []}  # fmt: skip
         size = jobset_size(obj)
-    gpu = [t for t in templates if asks_gpu(t)]
-    members = [_template_pod(obj, t) for t in gpu]
+    members = tuple(_template_pod(obj, n, t) for n, t in templates.items() if asks_gpu(t))
     error = None
-    if any((t.get("spec") or {}).get("schedulerName") != scheduler for t in templates):
+    if any((t.get("spec") or {}).get("schedulerName") != scheduler for t in templates.values()):
         error = f"its pods do not name gpupool's scheduler (schedulerName: {scheduler})"
     elif not members:
         error = "its pods ask for no GPU: gpupool admits the Jobs whose pods ask for GPUs"
     else:
-        first = members[0]
-        if any((m.gpus, m.gpu_milli, m.gpu_memory_mib) != (first.gpus, first.gpu_milli, first.gpu_memory_mib)
-               for m in members[1:]):  # fmt: skip
-            error = "its pods ask for different GPUs: gpupool admits a gang whose pods ask the same"
-        error = error or next((m.error for m in members if m.error), None)
-    member = None
-    if members:  # each member gets the most CPU and memory any template asks, as for a gang of pods
-        most_cpu, most_memory = max(m.cpu_milli for m in members), max(m.memory_mib for m in members)
-        member = replace(members[0], cpu_milli=most_cpu, memory_mib=most_memory)
+        error = next((m.error for m in members if m.error), None)
     return Suspendable(
         kind=kind,
         api_version=str(obj.get("apiVersion", "batch/v1" if kind == "Job" else "jobset.x-k8s.io/v1alpha2")),
         namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
+        name=name,
         uid=str(meta.get("uid", "")),
         project=str((meta.get("labels") or {}).get(PROJECT, "")),
         suspended=bool(spec.get("suspend")),
         finished=_finished(obj),
         size=size,
-        member=member,
+        members=members,
         error=error,
     )
 
@@ -153,17 +147,10 @@ class Admitter:
     def tell(self, obj: Suspendable, reason: str, message: str, warning: bool) -> None:
         """An Event on the Job or JobSet: why it is not admitted, or that it is."""
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{obj.name}.{time.time_ns():x}"[:253], "namespace": obj.namespace},
-            "involvedObject": {"apiVersion": obj.api_version, "kind": obj.kind, "namespace": obj.namespace,
-                               "name": obj.name, "uid": obj.uid},
-            "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
-            "source": {"component": self.component}, "reportingComponent": self.component,
-            "reportingInstance": self.component, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }  # fmt: skip
+        involved = {"apiVersion": obj.api_version, "kind": obj.kind, "namespace": obj.namespace, "name": obj.name,
+                    "uid": obj.uid}  # fmt: skip
+        body = event(involved, reason, message, warning, now, f"{time.time_ns():x}", self.component)
         try:
-            self._core.create_namespaced_event(obj.namespace, event)
+            self._core.create_namespaced_event(obj.namespace, body)
         except self._client.ApiException as e:
             log.warning("an event on %s %s/%s failed: %s", obj.kind, obj.namespace, obj.name, e.reason)

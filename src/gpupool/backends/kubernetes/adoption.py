@@ -76,7 +76,7 @@ class ForeignPods:
                 project = self._namespace_project(pod.namespace)
                 if project is not None:
                     pod = replace(pod, project=project)
-            if pod.error is None and not (pod.ended or pod.deleting):
+            if pod.error is None and not (pod.ended or pod.deleting or pod.node):  # only unbound pods are grouped
                 try:
                     pod = replace(pod, gang=self.gangs.gang(pod))
                 except Unreadable as e:

@@ -222,22 +222,19 @@ def unschedulable_condition(message: str, now: str) -> dict[str, Any]:
             "lastTransitionTime": now}  # fmt: skip
 
 
-def scheduling_event(pod: ForeignPod, message: str, now: str, suffix: str, component: str) -> dict[str, Any]:
-    """A Warning event FailedScheduling on the pod, as kube-scheduler records one."""
+def event(
+    involved: dict[str, str], reason: str, message: str, warning: bool, now: str, suffix: str, component: str
+) -> dict[str, Any]:
+    """An Event on an object (`involved`: its apiVersion, kind, namespace, name and uid), as kube-scheduler and the
+    controllers record theirs."""
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{pod.name}.{suffix}"[:253], "namespace": pod.namespace},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": pod.namespace,
-            "name": pod.name,
-            "uid": pod.uid,
-        },
-        "reason": "FailedScheduling",
+        "metadata": {"name": f"{involved['name']}.{suffix}"[:253], "namespace": involved["namespace"]},
+        "involvedObject": involved,
+        "reason": reason,
         "message": message[:1024],
-        "type": "Warning",
+        "type": "Warning" if warning else "Normal",
         "source": {"component": component},
         "reportingComponent": component,
         "reportingInstance": component,
@@ -245,6 +242,12 @@ def scheduling_event(pod: ForeignPod, message: str, now: str, suffix: str, compo
         "lastTimestamp": now,
         "count": 1,
     }
+
+
+def scheduling_event(pod: ForeignPod, message: str, now: str, suffix: str, component: str) -> dict[str, Any]:
+    """A Warning event FailedScheduling on the pod, as kube-scheduler records one."""
+    involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
+    return event(involved, "FailedScheduling", message, True, now, suffix, component)
 
 
 def binding(pod: ForeignPod, node: str, annotations: dict[str, str]) -> dict[str, Any]:
