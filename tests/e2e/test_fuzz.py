@@ -29,8 +29,8 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 from gpupool.api.errors import Problem
 from tests.api.inprocess import Api, call, make_api
 
-EXAMPLES = 50
-"""Per operation and generation mode (and per pinned round): derandomized, so each run draws the same cases; 50
+EXAMPLES = 25
+"""Per operation and generation mode (and per pinned round): derandomized, so each run draws the same cases; 25
 keeps the whole document (every operation, both modes, the pinned round) well under a minute on two cores."""
 BUDGET_S = 300
 CHECKS = [not_a_server_error, response_schema_conformance]
