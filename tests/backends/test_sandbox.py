@@ -71,9 +71,13 @@ def test_cpu_and_memory_requests_become_cgroup_limits(tmp_path: Path) -> None:
     box.prepare(member)
     _argv, procs = box.argv(member, ("true",))
     limits = {Path(p).parent.name for p in procs}
-    assert limits == {"7-0-0"}
-    mem_dir = (isolation.limits.root or Path()) / "7-0-0"
-    cpu_dir = (isolation.limits.cpu_root or isolation.limits.root or Path()) / "7-0-0"
+    # Named for the allocation and this server's data dir: another server on this host (in the same cgroup) has
+    # an allocation 7-0-0 of its own, whose limits must not be these.
+    other = Sandbox(tmp_path / "other", isolation, UID_BASE)
+    assert limits == {box.cgroup_name("7-0-0")} and box.cgroup_name("7-0-0") != other.cgroup_name("7-0-0")
+    assert box.cgroup_name("7-0-0").endswith("-7-0-0")
+    mem_dir = (isolation.limits.root or Path()) / box.cgroup_name("7-0-0")
+    cpu_dir = (isolation.limits.cpu_root or isolation.limits.root or Path()) / box.cgroup_name("7-0-0")
     if isolation.limits.mode == "cgroup-v1":
         assert (mem_dir / "memory.limit_in_bytes").read_text().strip() == str(256 * 1024 * 1024)
         assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == "150000"

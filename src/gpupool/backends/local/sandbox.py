@@ -360,7 +360,13 @@ class Sandbox:
         for root in (self.isolation.limits.root, self.isolation.limits.cpu_root):
             if root is not None:
                 with contextlib.suppress(OSError):
-                    (root / alloc_id).rmdir()
+                    (root / self.cgroup_name(alloc_id)).rmdir()
+
+    def cgroup_name(self, alloc_id: str) -> str:
+        """A member's cgroups, under the server's own: servers on one host may share that cgroup (replicas, a test
+        suite's), and allocation ids repeat between them, so the name carries the data directory too (as a
+        container's does): one server's limits and cleanup never reach another's members."""
+        return images.name(alloc_id, self.data_dir)
 
     # -- internals -----------------------------------------------------------------------------------------
     def _hidden(self) -> list[str]:
@@ -421,8 +427,8 @@ class Sandbox:
         if limits.mode not in ("cgroup-v1", "cgroup-v2") or limits.root is None:
             return ()
         procs: list[str] = []
-        mem = limits.root / member.alloc_id
-        cpu = (limits.cpu_root or limits.root) / member.alloc_id
+        mem = limits.root / self.cgroup_name(member.alloc_id)
+        cpu = (limits.cpu_root or limits.root) / self.cgroup_name(member.alloc_id)
         for d in {mem, cpu}:
             d.mkdir(exist_ok=True)
             procs.append(str(d / "cgroup.procs"))

@@ -89,7 +89,15 @@ class LocalShells:
                 uid = self.backend.sandbox.uid(target.project_id)
                 enter = ["nsenter", f"--target={inner}", "--mount", "--pid", "--ipc", "--uts", "--net", "--root"]
                 cmd = [*enter, *drop(uid), *launcher]
-                cmd = ["/bin/sh", "-c", _JOIN_CGROUPS, "gpupool-exec", *_cgroups(inner, target.alloc_id), "--", *cmd]
+                cmd = [
+                    "/bin/sh",
+                    "-c",
+                    _JOIN_CGROUPS,
+                    "gpupool-exec",
+                    *_cgroups(inner, self.backend.sandbox.cgroup_name(target.alloc_id)),
+                    "--",
+                    *cmd,
+                ]
             else:
                 cmd = launcher
             proc = _spawn(cmd, slave, (memfd,))
@@ -352,14 +360,14 @@ def _environ(pid: int) -> dict[str, str]:
     return env
 
 
-def _cgroups(pid: int, alloc_id: str) -> list[str]:
-    """The cgroup.procs files of the member's own cgroups (the ones named for its allocation), as
+def _cgroups(pid: int, name: str) -> list[str]:
+    """The cgroup.procs files of the member's own cgroups (the ones of its `name`, Sandbox.cgroup_name), as
     /proc/<pid>/cgroup lists them."""
     out: list[str] = []
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
-            if alloc_id not in path:
+            if path.rsplit("/", 1)[-1] != name:
                 continue
             base = Path("/sys/fs/cgroup") if not controllers else Path("/sys/fs/cgroup") / controllers
             procs = base / path.lstrip("/") / "cgroup.procs"
