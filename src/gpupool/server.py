@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import ssl
 import sys
 from collections.abc import Callable
@@ -20,16 +19,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess
 
+from gpupool import spokes
 from gpupool.api.app import create_app
 from gpupool.api.deps import Context
 from gpupool.api.tracing import setup_tracing
 from gpupool.backends.base import Backend
-from gpupool.backends.local import GpuSpecError, LocalBackend, discover
+from gpupool.backends.local import GpuSpecError, discover
 from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
 from gpupool.control.controller import Controller
 from gpupool.control.leader import LeaderBackend, Leadership
 from gpupool.logs import configure_logging
-from gpupool.services import apps, code
+from gpupool.services import apps
 from gpupool.services.auth import PrincipalCache
 from gpupool.services.oidc import OidcClient, OidcConfig, RoleMap
 from gpupool.services.sessions import first_admin, session_key
@@ -37,7 +37,6 @@ from gpupool.services.sso import Sso
 from gpupool.settings import Settings
 from gpupool.store.engine import make_engine, migrate, session_factory
 from gpupool.store.leases import WakeChannel
-from gpupool.store.tables import WorkloadRow
 
 log = logging.getLogger("gpupool.server")
 
@@ -147,37 +146,25 @@ def build(settings: Settings) -> tuple[Context, str | None]:
     sso = None if oidc is None else Sso(OidcClient(oidc[0]), oidc[1], key)
     holder: list[Controller] = []
     replicated = engine.dialect.name == "postgresql"
-    backend: Backend
+    home: Backend
+
+    def nudge() -> None:
+        if holder:
+            holder[0].loop.nudge()
+
+    def local(data_dir: Path) -> Backend:
+        return spokes.local_backend(settings, data_dir, gpus, nudge, isolation(settings), adopt=not replicated)
+
     if settings.backend == "kubernetes":
-        from gpupool.backends.kubernetes.backend import NO_CODE_URL, SERVER_IMAGE, KubernetesBackend, KubeSettings
-
-        code_url = settings.code_url or settings.public_url
-        if code_url is None:
-            raise StartupError(NO_CODE_URL)
-        kube = KubeSettings(
-            settings.kubeconfig, settings.pool_label, settings.namespace_prefix, settings.default_image,
-            uid_base=settings.uid_base, code_url=code_url, code_image=settings.code_image or SERVER_IMAGE,
-            scheduler_name=settings.scheduler_name,
-        )  # fmt: skip
-
-        def code_token(workload_id: int) -> str:
-            with sessions() as s:
-                row = s.get(WorkloadRow, workload_id)
-                if row is None:
-                    raise LookupError(f"workload {workload_id} is gone")
-                return code.mint_token(s, row)
-
-        backend = KubernetesBackend(
-            kube, on_change=lambda: holder[0].loop.nudge() if holder else None, code_token=code_token
-        )
+        try:
+            home = spokes.kube_backend(settings, sessions, nudge, settings.kubeconfig, settings.pool_label)
+        except spokes.NoCodeUrl as e:
+            raise StartupError(str(e)) from None
     else:
-        # Replicas on one host share the data dir's run records: one that does not lead must leave them alone
-        # (adopting sweeps half-made launches, which the leader may be making); it adopts when it takes over.
-        backend = LocalBackend(
-            settings.data_dir, settings.node_name or socket.gethostname(), settings.pool, gpus,
-            on_exit=lambda: holder[0].loop.nudge() if holder else None, isolation=isolation(settings),
-            uid_base=settings.uid_base, adopt=not replicated,
-        )  # fmt: skip
+        home = local(settings.data_dir)
+    fleet = spokes.fleet(settings, home, sessions, nudge, local)
+    fleet.start()
+    backend: Backend = fleet
     leadership: Leadership | None = None
     if replicated:
         lease_engine = make_engine(settings.database_url)  # a pool of its own: renewals never queue behind requests
@@ -194,6 +181,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         gang_timeout_s=settings.gang_timeout_s,
         inventory_interval_s=10.0 if settings.backend == "kubernetes" else None,
         fence=None if leadership is None else leadership.fence,
+        cluster_down_after_s=settings.cluster_down_after_s,
     )
     holder.append(controller)
     if leadership is None:

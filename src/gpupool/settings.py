@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     gang_timeout_s: float = Field(600.0, gt=0)
     """How long some pods of a gang (kubernetes: a Job's, a JobSet's, a PodGroup's) may wait for the rest before their
     condition says the gang is overdue. None of them is placed until all exist, however long that takes."""
+    cluster_name: str = Field("home", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """The name of this server's own cluster (its backend's nodes) among the clusters it schedules."""
+    cluster_heartbeat_s: float = Field(2.0, gt=0, le=60)
+    """How often each spoke (`gpupool cluster add`) is reached, to read its nodes and tell it is there."""
+    cluster_down_after_s: float = Field(30.0, gt=0, le=3600)
+    """A spoke not reached for this long is down: it takes no new work, and its workloads follow their policy."""
     default_image: str = "python:3.12-slim"
     gpus: str = "auto"
     """'auto' (NVML, else simulated), 'nvml', or 'fake:<count>x<model>-<memory GB>[,...]'."""

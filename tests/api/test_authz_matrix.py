@@ -177,6 +177,23 @@ def _delete_volume(w: World, t: str) -> Request:
     return "DELETE", f"/api/v1/volumes/{name}", None, {"project": _project(t)}
 
 
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: far, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: hub, user: {token: t}}]
+contexts: [{name: far, context: {cluster: far, user: hub}}]
+current-context: far
+"""
+
+
+def _spoke(w: World) -> str:
+    """A fresh spoke that is never reached (nothing listens on its port)."""
+    name = w.fresh("k")
+    w.admin("POST", "/api/v1/clusters", {"name": name, "kubeconfig": KUBECONFIG})
+    return name
+
+
 CASES: dict[str, Case] = {
     "healthz": (lambda w, t: ("GET", "/healthz", None, {}), _everyone(200)),
     # The app under test has no scheduler loop running, so it is live but never ready: the same answer for all.
@@ -347,6 +364,18 @@ CASES: dict[str, Case] = {
         ),
         lambda actor, t: 204 if actor == "admin" else 403,
     ),
+    # Clusters say where work may go: anyone reads the list; only admins see one's workloads, or change the fleet.
+    "list_clusters": (lambda w, t: ("GET", "/api/v1/clusters", None, {}), _everyone(200)),
+    "add_cluster": (
+        lambda w, t: ("POST", "/api/v1/clusters", {"name": w.fresh("k"), "kubeconfig": KUBECONFIG}, {}),
+        _only({"admin"}, 201),
+    ),
+    "describe_cluster": (lambda w, t: ("GET", "/api/v1/clusters/home", None, {}), _only({"admin"}, 200)),
+    "drain_cluster": (
+        lambda w, t: ("POST", f"/api/v1/clusters/{_spoke(w)}/drain", {"draining": True}, {}),
+        _only({"admin"}, 200),
+    ),
+    "remove_cluster": (lambda w, t: ("DELETE", f"/api/v1/clusters/{_spoke(w)}", None, {}), _only({"admin"}, 204)),
     "get_shares": (lambda w, t: ("GET", "/api/v1/shares", None, {}), _everyone(200)),
     "get_timeline": (lambda w, t: ("GET", "/api/v1/reports/timeline", None, {}), _everyone(200)),
     # Single sign-on needs no token, and this in-process server has no provider: every actor hears so (the
@@ -375,7 +404,7 @@ ELSEWHERE = {"login", "logout"}
 def _fingerprint(w: World) -> str:
     """Everything a request could change, but the audit trail and when a token was last used."""
     tables = ("queues", "quotas", "users", "memberships", "workloads", "events", "allocations", "pools", "secrets",
-              "code_blobs", "code_manifests", "volumes")  # fmt: skip
+              "code_blobs", "code_manifests", "volumes", "clusters")  # fmt: skip
     digest = hashlib.sha256()
     with w.api.ctx.sessions() as s:
         for table in tables:
@@ -433,8 +462,8 @@ def test_every_mutating_operation_leaves_an_audit_record(world: World) -> None:
     mutating = [(m.upper(), path) for path, ops in w.api.app.openapi()["paths"].items() for m in ops
                 if m.upper() in ("POST", "PUT", "PATCH", "DELETE")]  # fmt: skip
     # 19, single sign-on's session, device and device/{handle}, 4 of code, rerun, delete and apply, volumes' create
-    # and delete, a workload's files, and the portal's cookie session
-    assert len(mutating) == 33
+    # and delete, a workload's files, the portal's cookie session, and clusters' add, drain and remove
+    assert len(mutating) == 36
     for i, (method, path) in enumerate(mutating):
         concrete = path.replace("{name}", "p1").replace("{user}", "member").replace("{token_id}", "1")
         concrete = concrete.replace("{ref}", "w1").replace("{handle}", "h" * 43).replace("{digest}", EMPTY)

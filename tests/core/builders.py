@@ -50,12 +50,18 @@ class Cluster:
         cpus: int = 64,
         memory_gib: int = 512,
         share_across_projects: bool = False,
+        cluster: str = "",
+        schedulable: bool = True,
     ) -> Cluster:
+        """Nodes named pool-i, or cluster-pool-i in a named cluster (a hub's snapshot holds several)."""
         self.pool_settings[name] = PoolSettings(share_across_projects=share_across_projects)
-        start = sum(1 for n in self.nodes if n.pool == name)
+        start = sum(1 for n in self.nodes if n.pool == name and n.cluster == cluster)
+        prefix = f"{cluster}-{name}" if cluster else name
         for i in range(start, start + nodes):
             devices = tuple(Device(d, model, gpu_memory_gib * 1024) for d in range(gpus))
-            self.nodes.append(Node(f"{name}-{i}", name, cpus * 1000, memory_gib * 1024, devices))
+            self.nodes.append(
+                Node(f"{prefix}-{i}", name, cpus * 1000, memory_gib * 1024, devices, schedulable, cluster)
+            )
         return self
 
     # -- organisation --------------------------------------------------------------------------------
@@ -110,6 +116,7 @@ class Cluster:
         min_runtime: float = 0.0,
         pools: Iterable[str] = (),
         models: Iterable[str] = (),
+        clusters: Iterable[str] = (),
         cpus: float = 0,
         memory_gib: float = 0,
     ) -> Cluster:
@@ -134,6 +141,7 @@ class Cluster:
                 gang_size=workers,
                 pools=tuple(pools),
                 gpu_models=tuple(models),
+                clusters=tuple(clusters),
                 submit_time=self.now,
             )
         )

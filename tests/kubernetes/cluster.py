@@ -99,26 +99,24 @@ class Cluster:
             capture_output=True,
         )
         (r / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
-        self.spawn(
-            "kube-apiserver",
-            [
-                str(self.bin / "kube-apiserver"),
-                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                f"--secure-port={self.port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--cert-dir={r / 'certs'}",
-                f"--token-auth-file={r / 'tokens.csv'}",
-                "--authorization-mode=RBAC",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-account-key-file={r / 'sa.pub'}",
-                f"--service-account-signing-key-file={r / 'sa.key'}",
-                "--service-cluster-ip-range=10.0.0.0/16",
-                "--disable-admission-plugins=ServiceAccount",
-                "--enable-priority-and-fairness=false",
-                *self.apiserver_args,
-            ],
-        )
+        self.apiserver_argv = [
+            str(self.bin / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            f"--secure-port={self.port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--cert-dir={r / 'certs'}",
+            f"--token-auth-file={r / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={r / 'sa.pub'}",
+            f"--service-account-signing-key-file={r / 'sa.key'}",
+            "--service-cluster-ip-range=10.0.0.0/16",
+            "--disable-admission-plugins=ServiceAccount",
+            "--enable-priority-and-fairness=false",
+            *self.apiserver_args,
+        ]
+        self.apiserver = self.spawn("kube-apiserver", self.apiserver_argv)
         self.kubeconfig.write_text(
             yaml.safe_dump(
                 {
@@ -170,6 +168,17 @@ class Cluster:
             ],
         )
         return self
+
+    def stop_api(self) -> None:
+        """The API server goes away (etcd and kwok stay): to whoever uses the cluster, it is unreachable."""
+        self.apiserver.kill()
+        self.apiserver.wait(20)
+        self.procs.remove(self.apiserver)
+
+    def start_api(self) -> None:
+        """The API server comes back on the same port, with what etcd kept."""
+        self.apiserver = self.spawn("kube-apiserver", self.apiserver_argv)
+        self._wait_ready()
 
     def _wait_ready(self, timeout: float = 120) -> None:
         import httpx

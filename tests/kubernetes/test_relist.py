@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpupool.api.app import create_app
+from gpupool.backends.fleet import Fleet
 from gpupool.backends.kubernetes.backend import KubernetesBackend
 from gpupool.models.schemas import ProjectCreate, WorkloadCreate
 from gpupool.server import build
@@ -56,7 +57,9 @@ def test_a_cycle_during_a_relist_after_410_sees_every_running_pod(cluster: Clust
     settings = Settings(data_dir=tmp_path / "data", backend="kubernetes", kubeconfig=str(gate.kubeconfig),
                         gpus="fake:1xH100-80GB", public_url="http://127.0.0.1:8470")  # fmt: skip
     ctx, _ = build(settings)
-    backend, controller = ctx.backend, ctx.controller
+    fleet, controller = ctx.backend, ctx.controller
+    assert isinstance(fleet, Fleet)  # the server's backend is a fleet: its own cluster's, and no spoke here
+    backend = fleet.home
     assert isinstance(backend, KubernetesBackend)
     token = (tmp_path / "data" / "admin-token").read_text().strip()
     api = TestClient(create_app(ctx), headers={"Authorization": f"Bearer {token}"})

@@ -24,6 +24,7 @@ from gpupool.api.outage import StoreGuard, StoreWatch, store_error
 from gpupool.api.routers import (
     access,
     apps,
+    clusters,
     code,
     docs,
     files,
@@ -118,8 +119,8 @@ def create_app(ctx: Context) -> FastAPI:
     app.include_router(docs.router)
     app.mount("/docs-assets", StaticFiles(directory=docs.ASSETS), name="docs-assets")
     app.include_router(apps.router)
-    for r in (org.router, access.router, workloads.router, nodes.router, pools.router, portal.router, sso.router,
-              rightsizing.router, code.router, volumes.router, files.router, shell.router):  # fmt: skip
+    for r in (org.router, access.router, workloads.router, nodes.router, pools.router, clusters.router, portal.router,
+              sso.router, rightsizing.router, code.router, volumes.router, files.router, shell.router):  # fmt: skip
         app.include_router(r, prefix="/api/v1")
 
     # The portal: static files that hold no data; every figure they show comes from the API with the

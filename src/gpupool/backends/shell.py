@@ -87,8 +87,11 @@ class Shells(Protocol):
 
 
 def shells_for(backend: object) -> Shells | None:
-    """The shells of the server's backend, None where it has none."""
+    """The shells of the server's backend, None where it has none (a spoke's members have none yet)."""
     from gpupool.backends.local.backend import LocalBackend
+
+    for wrapper in ("inner", "home"):  # a leader's guard, then the fleet: the hub's own backend is what has shells
+        backend = getattr(backend, wrapper, backend)
 
     if isinstance(backend, LocalBackend):
         from gpupool.backends.local.shell import LocalShells

@@ -148,7 +148,19 @@ def policies() -> None:
 
 
 def _register() -> None:
-    from gpupool.cli import access, admin, attempts, config_cmd, policy, pools, shell, submit, volumes, workloads
+    from gpupool.cli import (
+        access,
+        admin,
+        attempts,
+        clusters,
+        config_cmd,
+        policy,
+        pools,
+        shell,
+        submit,
+        volumes,
+        workloads,
+    )
 
     app.command()(admin.login)
     app.command()(admin.whoami)
@@ -156,6 +168,7 @@ def _register() -> None:
     app.add_typer(admin.project_app, name="project")
     app.add_typer(admin.user_app, name="user")
     app.add_typer(pools.pool_app, name="pool")
+    app.add_typer(clusters.cluster_app, name="cluster")
     app.add_typer(access.token_app, name="token")
     app.add_typer(access.member_app, name="member")
     app.add_typer(access.audit_app, name="audit")

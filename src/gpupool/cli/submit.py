@@ -126,6 +126,17 @@ def _mount(flag: str) -> dict[str, Any]:
     return {"name": name, "path": path, "read_only": read_only}
 
 
+def _lost_policy(flag: str | None) -> dict[str, Any] | None:
+    if flag is None:
+        return None
+    if flag == "wait":
+        return {"action": "wait"}
+    try:
+        return {"action": "requeue", "after_s": duration_flag(flag)}
+    except ValueError as e:
+        fail(f"--on-cluster-lost {flag!r}: 'wait' or a duration like 10m ({e})", 2)
+
+
 def submit(
     command: Annotated[list[str] | None, typer.Argument(help="The command to run, after --.")] = None,
     project: ProjectOpt = None,
@@ -139,6 +150,17 @@ def submit(
     pools: Annotated[list[str] | None, typer.Option("--pool", help="A pool it may run in (repeatable).")] = None,
     gpu_models: Annotated[
         list[str] | None, typer.Option("--gpu-model", help="A GPU model it accepts, e.g. H100 (repeatable).")
+    ] = None,
+    clusters: Annotated[
+        list[str] | None, typer.Option("--cluster", help="A cluster it may run in, by preference (repeatable).")
+    ] = None,
+    on_cluster_lost: Annotated[
+        str | None,
+        typer.Option(
+            "--on-cluster-lost",
+            help="When its cluster goes down: 'wait' for it, or a duration after which it is requeued elsewhere, "
+            "e.g. 10m (default: notebooks wait, the rest 15m).",
+        ),
     ] = None,
     image: Annotated[str | None, typer.Option("--image", help="A container image to run the command in.")] = None,
     volumes: Annotated[
@@ -186,7 +208,8 @@ def submit(
         fields: dict[str, Any] = {
             "project": project, "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
             "gpu_memory": gpu_memory, "cpu": cpu, "memory": memory, "pools": pools or [],
-            "gpu_models": gpu_models or [], "image": image, "volumes": mounts,
+            "gpu_models": gpu_models or [], "image": image, "volumes": mounts, "clusters": clusters or [],
+            "on_cluster_lost": _lost_policy(on_cluster_lost),
             "workers": workers, "priority": priority, "preemptible": preemptible, "port": port, "env": pairs,
             "command": list(command or []), "grace_s": grace, "max_duration_s": max_duration,
         }  # fmt: skip

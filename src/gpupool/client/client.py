@@ -30,6 +30,7 @@ from gpupool.models.accounts import (
     WhoAmI,
 )
 from gpupool.models.attempts import ApplyResult
+from gpupool.models.clusters import ClusterCreate, ClusterDetail, ClusterDrain, ClusterPublic
 from gpupool.models.code import CodeLimits, CodeManifest, CodeMissing, CodeMissingReply, CodeStored
 from gpupool.models.rightsizing import RightsizingReport
 from gpupool.models.schemas import (
@@ -307,6 +308,22 @@ class Client:
 
     def update_pool(self, name: str, body: PoolUpdate) -> PoolPublic:
         return self._send(PoolPublic, "PATCH", f"/api/v1/pools/{name}", body)
+
+    # -- clusters --------------------------------------------------------------------------------------------
+    def list_clusters(self) -> list[ClusterPublic]:
+        return self._list(ClusterPublic, "/api/v1/clusters")
+
+    def add_cluster(self, body: ClusterCreate) -> ClusterPublic:
+        return self._send(ClusterPublic, "POST", "/api/v1/clusters", body)
+
+    def describe_cluster(self, name: str) -> ClusterDetail:
+        return self._get(ClusterDetail, f"/api/v1/clusters/{name}")
+
+    def drain_cluster(self, name: str, draining: bool = True) -> ClusterPublic:
+        return self._send(ClusterPublic, "POST", f"/api/v1/clusters/{name}/drain", ClusterDrain(draining=draining))
+
+    def remove_cluster(self, name: str) -> None:
+        self._call("DELETE", f"/api/v1/clusters/{name}")
 
     # -- single sign-on (no token needed) -------------------------------------------------------------------
     def sso_config(self) -> SsoConfig:

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.backends.base import Backend, LaunchSpec, Sample, VolumeSpec
 from gpupool.control.apply import act, persist, sequential
+from gpupool.control.clusters import Clusters, fleet_of
 from gpupool.control.estimates import Estimates
 from gpupool.control.foreign import GANG_TIMEOUT_S, Adoption
 from gpupool.control.loop import SchedulerLoop
@@ -75,6 +76,7 @@ class Controller:
         fence: Callable[[Session], None] | None = None,
         workdir_retention_s: float = WORKDIR_RETENTION_S,
         gang_timeout_s: float = GANG_TIMEOUT_S,
+        cluster_down_after_s: float = 30.0,
     ) -> None:
         self.gang_timeout_s = gang_timeout_s
         self.sessions = sessions
@@ -116,6 +118,8 @@ class Controller:
         self._failing: str | None = None
         self._memo = Memo()
         self.estimates = Estimates(sessions, self.config)
+        self.clusters = Clusters(cluster_down_after_s)
+        """The hub's spokes: their heartbeats, and the workloads of one that is down (where the backend is a fleet)."""
         self.adoption = Adoption(gang_timeout_s=self.gang_timeout_s)
         """Pods gpupool did not make that name it as their scheduler (kubernetes), and their workloads."""
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
@@ -138,7 +142,7 @@ class Controller:
                 row = s.get(NodeRow, node.name) or NodeRow(name=node.name)
                 row.backend = self.backend.capabilities().name
                 row.pool, row.cpu_milli, row.memory_mib = node.pool, node.cpu_milli, node.memory_mib
-                row.schedulable, row.updated_at = node.schedulable, self.clock()
+                row.schedulable, row.updated_at, row.cluster = node.schedulable, self.clock(), node.cluster
                 offered = [{"index": d.index, "model": d.model, "memory_mib": d.memory_mib} for d in node.devices]
                 row.devices = still_held(node.name, offered, row.devices or [], held)
                 s.merge(row)
@@ -249,10 +253,11 @@ class Controller:
             return busy
 
     def _cycle(self) -> bool:
+        due: Callable[[], bool] | None = getattr(self.backend, "inventory_due", None)
         if (
             self.inventory_interval_s is not None
             and time.monotonic() - self._last_inventory >= self.inventory_interval_s
-        ):
+        ) or (due is not None and due()):
             with self._step("inventory"):
                 self.register_nodes()
         with self.lock:
@@ -287,7 +292,10 @@ class Controller:
                 projects = {q.id: q.name for q in queues}
                 self.view.refresh(s, projects)
                 loaded = self.view.rows()
-                reconciled, ended = reconcile(loaded, observed, now)
+                fleet = fleet_of(self.backend)
+                moved = [] if fleet is None else self.clusters.step(s, fleet, loaded, observed, now)
+                reconciled, ended = reconcile(loaded, observed, now, *(() if fleet is None else (fleet.unreachable,)))
+                reconciled = moved + reconciled
                 s.add_all(reconciled)
             rows = [r for r in loaded if r.state in ACTIVE and not r.hold]
             nodes = {n.name: n for n in s.scalars(select(NodeRow))}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpupool.backends.base import Observed
 from gpupool.lifecycle import transitions as lifecycle
@@ -13,11 +13,14 @@ from gpupool.store.tables import EventRow, WorkloadRow
 
 
 def reconcile(
-    rows: Sequence[WorkloadRow], observed: dict[str, Observed] | None, now: float
+    rows: Sequence[WorkloadRow],
+    observed: dict[str, Observed] | None,
+    now: float,
+    unreachable: Callable[[str], bool] = lambda _: False,
 ) -> tuple[list[EventRow], list[str]]:
     """Returns the events, and the launches that ended: the caller tells the backend to forget them once this
     is committed, so a crash in between never loses how a member ended. An unsynced view (None) is "unknown":
-    no member is concluded gone from it."""
+    no member is concluded gone from it; nor is one on a node whose cluster was not reached (`unreachable`)."""
     events: list[EventRow] = []
     ended_now: list[str] = []
     if observed is None:
@@ -28,7 +31,7 @@ def reconcile(
         allocs = current(row)
         details = _stop_details(row)
         for alloc in allocs:
-            if alloc.state in (AllocPhase.BOUND, AllocPhase.ENDED):
+            if alloc.state in (AllocPhase.BOUND, AllocPhase.ENDED) or unreachable(alloc.node):
                 continue
             seen = observed.get(alloc.id)
             if seen is not None and seen.alive:

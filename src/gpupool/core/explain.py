@@ -14,6 +14,7 @@ import numpy as np
 from gpupool.core.decision import Arg, Pending, PendingCode
 from gpupool.core.model import MILLI, Request, State
 from gpupool.core.placement.index import IntArray
+from gpupool.core.placement.placer import group_key
 from gpupool.core.quota import gpus
 from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkingState, WorkloadState
@@ -47,6 +48,8 @@ def describe(req: Request) -> str:
 def where(ws: WorkloadState) -> str:
     w = ws.w
     pools = f"pool{'s' if len(w.pools) > 1 else ''} {', '.join(w.pools)}" if w.pools else "any pool"
+    if w.clusters:
+        pools += f" in cluster{'s' if len(w.clusters) > 1 else ''} {', '.join(w.clusters)}"
     models = f" with GPU model {' or '.join(w.gpu_models)}" if w.gpu_models else ""
     return pools + models
 
@@ -331,8 +334,7 @@ class _Enricher:
 
     def _pools(self, ws: WorkloadState) -> list[int]:
         """Its candidate pools, most preferred first (as allocate names the first pool's quota)."""
-        w = ws.w
-        key = (w.pools, w.gpu_models, w.gang_size > 1)
+        key = group_key(ws)
         found = self.pools.get(key)
         if found is None:
             found = self.pools[key] = sorted(
@@ -344,7 +346,7 @@ class _Enricher:
         """The node that comes closest to hosting one member now, and what it lacks; for a gang also how many
         members its best pool could host now. Once per shape of request."""
         w = ws.w
-        shape = (w.request, w.pools, w.gpu_models, w.gang_size)
+        shape = (w.request, w.pools, w.clusters, w.gpu_models, w.gang_size)
         found = self.near.get(shape)
         if found is None:
             if self._free is None:

@@ -1,4 +1,5 @@
-"""Whether a workload could ever run: every member placed at once on empty nodes, a gang within one pool.
+"""Whether a workload could ever run: every member placed at once on empty nodes, a gang within one pool of one
+cluster.
 
 The scheduler asks before it places (work that never fits waits with that reason), and the control plane asks
 at submit, to refuse such work before it is stored; both ask here.
@@ -41,19 +42,40 @@ def _shares_on(d: DeviceState, req: Request) -> int:
 
 
 def node_groups(
-    nodes: Sequence[NodeState], pools: Sequence[str], gang: bool, models: frozenset[str]
+    nodes: Sequence[NodeState],
+    pools: Sequence[str],
+    gang: bool,
+    models: frozenset[str],
+    clusters: Sequence[str] = (),
 ) -> list[list[NodeState]]:
-    """The groups of nodes a workload may be placed within, in order of preference: each pool it names, in its
-    order; else each pool by name, for a gang (it never spans two pools); else all of them. Only nodes with a
-    GPU model it allows, where it names some."""
+    """The groups of nodes a workload may be placed within, in order of preference. Where it names clusters,
+    each of them in its order, split as below within it; else as below over all of them, except that a gang
+    also splits each pool by cluster (by name): a gang never spans two clusters nor two pools. Within a
+    cluster (or over all): each pool it names, in its order; else each pool by name, for a gang; else all
+    of them. Only nodes with a GPU model it allows, where it names some."""
     usable = [n for n in nodes if not models or n.models & models]
-    if pools:
-        found = [[n for n in usable if n.pool == p] for p in pools]
-    elif gang:
-        found = [[n for n in usable if n.pool == p] for p in sorted({n.pool for n in usable})]
+    if clusters:
+        named = list(dict.fromkeys(clusters))  # a cluster named twice is still one group of nodes
+        wanted = set(named)
+        usable = [n for n in usable if n.cluster in wanted]
+        found = [g for c in named for g in _by_pool([n for n in usable if n.cluster == c], pools, gang)]
+    elif gang and len({n.cluster for n in usable}) > 1:
+        found = [
+            [n for n in group if n.cluster == c]
+            for group in _by_pool(usable, pools, gang)
+            for c in sorted({n.cluster for n in group})
+        ]
     else:
-        found = [usable]
+        found = _by_pool(usable, pools, gang)
     return [g for g in found if g]
+
+
+def _by_pool(usable: list[NodeState], pools: Sequence[str], gang: bool) -> list[list[NodeState]]:
+    if pools:
+        return [[n for n in usable if n.pool == p] for p in pools]
+    if gang:
+        return [[n for n in usable if n.pool == p] for p in sorted({n.pool for n in usable})]
+    return [usable]
 
 
 def ever_fits(groups: Iterable[Iterable[NodeState]], req: Request, gang_size: int, models: frozenset[str]) -> bool:

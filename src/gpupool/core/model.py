@@ -31,6 +31,9 @@ class Node:
     devices: tuple[Device, ...] = ()
     schedulable: bool = True
     """False for cordoned, NotReady or draining nodes: they keep what runs but take no new work."""
+    cluster: str = ""
+    """The cluster it belongs to (a topology level above nodes): a gang never spans two; empty for a
+    single-cluster deployment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +175,8 @@ class Workload:
     """Acceptable pools in order of preference; empty means any."""
     gpu_models: tuple[str, ...] = ()
     """Acceptable GPU models; empty means any."""
+    clusters: tuple[str, ...] = ()
+    """Acceptable clusters in order of preference; empty means any."""
     submit_time: float = 0.0
     state: State = State.PENDING
     placements: tuple[Placement, ...] = ()

@@ -45,14 +45,16 @@ class Session:
 
     def classes(self) -> list[int]:
         """Workload index -> its class: a small number shared by the workloads of one project with the same
-        request, pools, GPU models, gang size and preemptibility, which every action treats alike."""
+        request, pools, clusters, GPU models, gang size and preemptibility, which every action treats alike."""
         if self._classes is None:
             ids: dict[tuple[object, ...], int] = {}
             self._classes = [
                 ids.setdefault(key, len(ids))
                 for ws in self.state.workloads
                 for w in (ws.w,)
-                for key in ((ws.queue, _fields(w.request), w.pools, w.gpu_models, w.gang_size, w.preemptible),)
+                for key in (
+                    (ws.queue, _fields(w.request), w.pools, w.clusters, w.gpu_models, w.gang_size, w.preemptible),
+                )
             ]
         return self._classes
 

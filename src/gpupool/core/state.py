@@ -90,6 +90,7 @@ class NodeState:
         "_ranked_version",
         "_summary",
         "_summary_version",
+        "cluster",
         "cpu",
         "devices",
         "exclusive",
@@ -116,6 +117,7 @@ class NodeState:
         self.idx = idx
         self.pool = node.pool
         self.pool_idx = pool_idx
+        self.cluster = node.cluster
         self.cpu = node.cpu_milli
         self.memory = node.memory_mib
         ordered = sorted(node.devices, key=lambda d: d.index)

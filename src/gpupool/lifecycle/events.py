@@ -68,6 +68,8 @@ def stop_cause(reason: str | None, args: Mapping[str, Any]) -> str:
         return f"member {args.get('member', '?')} exited with {_exit(args.get('exit_code'))}{said}"
     if reason == StopReason.NODE_LOST:
         return f"node {args.get('node', '?')} was lost"
+    if reason == StopReason.CLUSTER_LOST:
+        return f"cluster {args.get('cluster', '?')} was down for {duration(args.get('down_s', 0))}; requeued elsewhere"
     if "detail" in args:
         return f"{reason}: {args['detail']}"
     return str(args.get("text", reason or "stopped"))

@@ -58,6 +58,9 @@ class StopReason(StrEnum):
     """Moved to make room for a workload that fits nowhere else."""
     GANG_BROKEN = "gang-broken"
     NODE_LOST = "node-lost"
+    CLUSTER_LOST = "cluster-lost"
+    """Its cluster stayed down past the workload's policy: requeued elsewhere (what ran there is stopped if the
+    cluster comes back)."""
     MEMBER_FAILED = "failed"
     """One member exited non-zero: the rest of the gang cannot go on without it."""
     IDLE = "idle"
@@ -65,7 +68,14 @@ class StopReason(StrEnum):
 
 
 REQUEUES = frozenset(
-    {StopReason.RECLAIM, StopReason.PREEMPT, StopReason.CONSOLIDATE, StopReason.GANG_BROKEN, StopReason.NODE_LOST}
+    {
+        StopReason.RECLAIM,
+        StopReason.PREEMPT,
+        StopReason.CONSOLIDATE,
+        StopReason.GANG_BROKEN,
+        StopReason.NODE_LOST,
+        StopReason.CLUSTER_LOST,
+    }
 )
 """Not the workload's doing: it goes back in the queue in its old place."""
 POLICY_STOPS = frozenset({StopReason.IDLE, StopReason.MAX_RUNTIME})

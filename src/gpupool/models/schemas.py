@@ -12,6 +12,7 @@ from typing import Any, Generic, Literal
 from pydantic import Field, JsonValue
 
 from gpupool.models.attempts import AttemptPublic, HistoryItem, RetryPolicy
+from gpupool.models.clusters import CLUSTER_LOST_AFTER_S, ClusterLostPolicy, ClusterLostPolicyPublic
 from gpupool.models.rightsizing import RightsizingAdvice
 from gpupool.models.volumes import VolumeMount
 from gpupool.models.wire import (
@@ -149,6 +150,12 @@ class WorkloadCreate(Wire):
     gpu_models: list[ShortText] = Field(
         default_factory=list, max_length=16, description="GPU models it accepts, as nodes name them; any where empty."
     )
+    clusters: list[Name] = Field(
+        default_factory=list, max_length=16, description="Clusters it accepts, in order of preference; any where empty."
+    )
+    on_cluster_lost: ClusterLostPolicy | None = Field(
+        None, description="When its cluster goes down: notebooks wait for it by default, the rest requeue after 15m."
+    )
     code: str | None = Field(None, pattern=CODE_DIGEST, description=CODE_DESCRIPTION)
     retry: RetryPolicy | None = None
     volumes: list[VolumeMount] = Field(default_factory=list, max_length=16)
@@ -252,6 +259,10 @@ class WorkloadDetail(WorkloadPublic):
     """Host memory per member (0: none asked for)."""
     pools: list[str] = Field(default_factory=list)
     gpu_models: list[str] = Field(default_factory=list)
+    clusters: list[str] = Field(default_factory=list)
+    on_cluster_lost: ClusterLostPolicyPublic = Field(
+        default_factory=lambda: ClusterLostPolicyPublic(action="requeue", after_s=CLUSTER_LOST_AFTER_S)
+    )
     image: str | None = None
     volumes: list[VolumeMount] = Field(default_factory=list)
     """The project volumes it mounts, as submitted."""

@@ -119,7 +119,10 @@ def _never(req: Request, workers: int, groups: list[list[NodeState]]) -> str:
         return "no node has a GPU"
     if not any(members_on_empty(n, req, ANY_MODEL) for n in nodes):
         return "no node has the CPU or memory it asks for"
-    where = " in one pool (a gang never spans pools)" if len(groups) > 1 else ""
+    if len({n.cluster for n in nodes}) > 1:
+        where = " in one pool of one cluster (a gang never spans pools or clusters)"
+    else:
+        where = " in one pool (a gang never spans pools)" if len(groups) > 1 else ""
     return f"{workers} workers of this size: the cluster cannot hold them all at once{where}"
 
 
@@ -131,9 +134,18 @@ def check_fits(
     nodes: Sequence[NodeRow],
     chain: Sequence[QueueRow],
     gpu_models: Sequence[str] = (),
+    clusters: Sequence[str] = (),
+    cluster_names: Sequence[str] = (),
 ) -> None:
-    """Refuse at submit what could never run: unknown pools or GPU models, bigger than any node, over a hard
-    limit, or not preemptible and beyond what the project (or a department above it) is guaranteed."""
+    """Refuse at submit what could never run: unknown pools, clusters or GPU models, bigger than any node, over a
+    hard limit, or not preemptible and beyond what the project (or a department above it) is guaranteed.
+    `cluster_names`: every cluster of the fleet (a spoke not reached yet has no nodes, and may be named)."""
+    fleet = sorted({*cluster_names, *(n.cluster for n in nodes)} - {""})
+    for cluster in clusters:
+        if cluster not in fleet:
+            raise Invalid(f"unknown cluster {cluster!r}; clusters: {', '.join(fleet) or 'none'}")
+    if clusters:
+        nodes = [n for n in nodes if n.cluster in clusters]
     known = sorted({n.pool for n in nodes})
     for pool in pools:
         if pool not in known:
@@ -144,7 +156,7 @@ def check_fits(
     for model in gpu_models:
         if model not in have:
             raise Invalid(f"no node has GPU model {model!r}; models: {', '.join(have) or 'none yet'}")
-    groups = node_groups(states, pools, workers > 1, models)
+    groups = node_groups(states, pools, workers > 1, models, clusters)
     if not ever_fits(groups, req, workers, models):
         raise Invalid(f"this can never run: {_never(req, workers, groups)}")
     total = req.nominal_milli() * workers

@@ -9,6 +9,7 @@ from gpupool.control.policies import Policy
 from gpupool.core import MILLI
 from gpupool.lifecycle.events import render
 from gpupool.lifecycle.phases import LIVE, QUEUED, STARTED, TERMINAL, AllocPhase
+from gpupool.models.clusters import CLUSTER_LOST_AFTER_S, ClusterLostPolicyPublic
 from gpupool.models.rightsizing import RightsizingAdvice
 from gpupool.models.schemas import (
     AllocationPublic,
@@ -113,6 +114,12 @@ def workload_detail(
         memory_mib=row.memory_mib,
         pools=list(row.pools),
         gpu_models=list(row.gpu_models or ()),
+        clusters=list(row.clusters or ()),
+        on_cluster_lost=(
+            ClusterLostPolicyPublic(action="wait", after_s=CLUSTER_LOST_AFTER_S)
+            if row.cluster_lost_after_s is None
+            else ClusterLostPolicyPublic(action="requeue", after_s=row.cluster_lost_after_s)
+        ),
         image=row.image,
         volumes=mounts_of(row.spec),
         env=dict(row.env),

@@ -19,6 +19,7 @@ from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.phases import TERMINAL, Phase
 from gpupool.models.attempts import AttemptPublic, HistoryItem
+from gpupool.models.clusters import CLUSTER_LOST_AFTER_S
 from gpupool.models.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.models.wire import DNS_LABEL, INT32_MAX
 from gpupool.services import audit, code, reasons, rightsizing, volumes
@@ -28,7 +29,7 @@ from gpupool.services.org import queue_named
 from gpupool.services.requests import check_fits, check_text, priority_of, to_request
 from gpupool.services.views import workload_detail, workload_public
 from gpupool.store import changes
-from gpupool.store.tables import EventRow, NodeRow, QueueRow, UserRow, WorkloadRow
+from gpupool.store.tables import ClusterRow, EventRow, NodeRow, QueueRow, UserRow, WorkloadRow
 
 _ID = re.compile(r"^[0-9]{1,10}$", re.ASCII)  # ids are the store's 32-bit Integer; \d alone takes "١٢٣"
 _NAME = re.compile(DNS_LABEL)
@@ -86,7 +87,11 @@ def submit(
     code.check_submitted(session, project.id, project.name, body.code)
     volumes.check_mounts(session, project.id, project.name, body.volumes)
     nodes = session.scalars(select(NodeRow).order_by(NodeRow.name)).all()
-    check_fits(request, body.workers, body.pools, preemptible, nodes, chains(queues)[project.id], body.gpu_models)
+    fleet = session.scalars(select(ClusterRow.name)).all()
+    check_fits(
+        request, body.workers, body.pools, preemptible, nodes, chains(queues)[project.id], body.gpu_models,
+        body.clusters, fleet,
+    )  # fmt: skip
     name = body.name or f"{body.type}-{secrets.token_hex(3)}"
     now = time.time()
     row = WorkloadRow(
@@ -107,6 +112,8 @@ def submit(
         workers=body.workers,
         pools=list(body.pools),
         gpu_models=list(body.gpu_models),
+        clusters=list(body.clusters),
+        cluster_lost_after_s=cluster_lost_after(body),
         command=list(body.command),
         image=body.image,
         code=body.code,
@@ -357,3 +364,12 @@ def _write(
         session.commit()
         return workload_public(row, _project_names(session).get(row.project_id, "?"), _owners(session, [row])[0])
     raise Conflict(f"{ref!r} kept changing while this request was made; try again")
+
+
+def cluster_lost_after(body: WorkloadCreate) -> float | None:
+    """How long its cluster may be down before it is requeued elsewhere; None: it waits. Notebooks wait by default
+    (their files are on that cluster); the rest go after MultiKueue's 15 minutes."""
+    policy = body.on_cluster_lost
+    if policy is None:
+        return None if body.type == "notebook" else CLUSTER_LOST_AFTER_S
+    return None if policy.action == "wait" else policy.after_s

@@ -40,7 +40,7 @@ QUEUED_COLUMNS = (
     WorkloadRow.cpu_milli, WorkloadRow.memory_mib, WorkloadRow.priority, WorkloadRow.priority_class,
     WorkloadRow.preemptible, WorkloadRow.min_runtime_s, WorkloadRow.workers, WorkloadRow.pools, WorkloadRow.gpu_models,
     WorkloadRow.queued_at, WorkloadRow.started_at, WorkloadRow.nominated, WorkloadRow.reason_event,
-    WorkloadRow.reason_code, WorkloadRow.reason_args,
+    WorkloadRow.reason_code, WorkloadRow.reason_args, WorkloadRow.clusters,
 )  # fmt: skip
 """What the scheduler reads of a queued workload: plain columns, no ORM object (there may be 100,000)."""
 

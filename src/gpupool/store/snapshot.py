@@ -36,7 +36,7 @@ def row_id(core: str) -> int:
 
 def core_node(row: NodeRow) -> Node:
     devices = tuple(Device(int(d["index"]), str(d["model"]), int(d["memory_mib"])) for d in row.devices)
-    return Node(row.name, row.pool, row.cpu_milli, row.memory_mib, devices, row.schedulable)
+    return Node(row.name, row.pool, row.cpu_milli, row.memory_mib, devices, row.schedulable, row.cluster or "")
 
 
 def core_nodes(session: Session) -> tuple[Node, ...]:
@@ -92,6 +92,7 @@ def core_workload(row: WorkloadRow | Row[Any], project: str) -> Workload:
         gang_size=row.workers,
         pools=tuple(row.pools),
         gpu_models=tuple(row.gpu_models or ()),
+        clusters=tuple(row.clusters or ()),
         submit_time=row.queued_at,
         state=state,
         placements=placements,

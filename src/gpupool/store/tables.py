@@ -168,6 +168,33 @@ class NodeRow(Base):
     schedulable: Mapped[bool] = mapped_column(Boolean, default=True)
     devices: Mapped[list[Any]] = mapped_column(JSON, default=list)
     updated_at: Mapped[float] = mapped_column(Float)
+    cluster: Mapped[str] = mapped_column(String(63), default="", server_default="")
+    """The cluster it belongs to: the hub's own (its name from the settings) or a spoke's (its nodes are named
+    `<cluster>/<node>`)."""
+
+
+class ClusterRow(Base):
+    """A spoke: a cluster (or host) whose nodes the hub schedules besides its own. The kubeconfig is a secret: kept
+    here as project secrets are, and never shown back through the API."""
+
+    __tablename__ = "clusters"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    """A ClusterKind: kubernetes (reached with its kubeconfig) or local (this host)."""
+    kubeconfig: Mapped[str | None] = mapped_column(Text, nullable=True)
+    pool_label: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    """The node label that names a node's pool (the hub's default where None)."""
+    pool_scope: Mapped[str] = mapped_column(String(16), default="global", server_default="global")
+    """A PoolScope: "global" (its pools are the fleet's, and so are their quotas) or "cluster" (its pools are named
+    `<cluster>-<pool>`, with quotas of their own)."""
+    draining: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Set by an admin: takes no new work; what runs there runs on."""
+    status: Mapped[str] = mapped_column(String(16), default="unknown", server_default="unknown")
+    """A ClusterStatus, from its heartbeats: unknown (never reached yet), up or down."""
+    last_seen_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    down_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class PoolRow(Base):
@@ -224,6 +251,11 @@ class WorkloadRow(Base):
     memory_mib: Mapped[int] = mapped_column(BigInteger, default=0)
     workers: Mapped[int] = mapped_column(Integer, default=1)
     pools: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    clusters: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    """Clusters it accepts, in order of preference (any where empty)."""
+    cluster_lost_after_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Its policy when its cluster goes down: requeued elsewhere once the cluster has been down this long; None:
+    it waits for the cluster to come back."""
     gpu_models: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
     """GPU models it accepts (any where empty), as nodes name them."""
     command: Mapped[list[Any]] = mapped_column(JSON, default=list)
@@ -312,6 +344,9 @@ class AllocationRow(Base):
     enforced: Mapped[bool] = mapped_column(Boolean, default=False)
     """A fractional limit enforced by the backend (CUDA MPS) rather than advisory."""
     created_at: Mapped[float] = mapped_column(Float)
+    abandoned_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    """Ended by the hub while its cluster was down (its workload was requeued elsewhere): it may still run there.
+    Cleared once its cluster, reached again, shows it gone (stopped by the hub if it was not)."""
 
 
 class WorkloadPodRow(Base):

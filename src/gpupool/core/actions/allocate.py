@@ -127,7 +127,15 @@ def _attempt(
 
     # Failures are remembered by shape: for everyone's (`anyone`) where nothing fits even ignoring whose
     # shares a device holds, else for the project's own (`shape`, see `_tenant`).
-    anyone = (w.request, w.pools, w.gpu_models, w.gang_size, tuple(v is None for v in verdicts), ANY_PROJECT)
+    anyone = (
+        w.request,
+        w.pools,
+        w.clusters,
+        w.gpu_models,
+        w.gang_size,
+        tuple(v is None for v in verdicts),
+        ANY_PROJECT,
+    )
     shape = (*anyone[:-1], _tenant(state, ws))
     for pipelined in (False, True):
         if pipelined and not has_releasing:

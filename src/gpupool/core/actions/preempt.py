@@ -41,7 +41,16 @@ def preempt(session: Session) -> None:
         if attempts >= session.config.max_preemption_attempts:
             break
         limited = _over_limit(session, ws)
-        key = (ws.queue, ws.w.priority, ws.w.request, ws.w.pools, ws.w.gpu_models, ws.w.gang_size, limited)
+        key = (
+            ws.queue,
+            ws.w.priority,
+            ws.w.request,
+            ws.w.pools,
+            ws.w.clusters,
+            ws.w.gpu_models,
+            ws.w.gang_size,
+            limited,
+        )
         if key in failed:
             continue
         attempts += 1

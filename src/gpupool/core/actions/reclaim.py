@@ -69,7 +69,7 @@ def reclaim(session: Session) -> None:
         # Entitled where the project itself stays within its fair share; its departments are checked on the
         # outcome (`valid`), since taking from a sibling leaves their usage as it was.
         entitled = [p for p in _pools(session, ws) if _within(session, chain[:1], p, nominal, session.fair)]
-        key = (ws.queue, ws.w.request, ws.w.pools, ws.w.gpu_models, ws.w.gang_size)
+        key = _key(ws)
         if not entitled or key in failed:
             continue
         attempts += 1
@@ -129,7 +129,7 @@ class _Walk:
             self.by_queue.setdefault(ws.queue, []).append(c)
         self.of_key: dict[tuple[object, ...], list[int]] = {}
         for c, ws in self.sample.items():
-            self.of_key.setdefault(self._key(ws), []).append(c)
+            self.of_key.setdefault(_key(ws), []).append(c)
         self.seen = [list(row) for row in session.state.used]
         self.live = {c for c in self.left if self._might(self.sample[c])}
 
@@ -158,14 +158,10 @@ class _Walk:
         self.live.difference_update(self.of_key.get(key, ()))
         return self.changed()
 
-    @staticmethod
-    def _key(ws: WorkloadState) -> tuple[object, ...]:
-        return (ws.queue, ws.w.request, ws.w.pools, ws.w.gpu_models, ws.w.gang_size)
-
     def _might(self, ws: WorkloadState) -> bool:
         session = self.session
         nominal = ws.w.request.nominal_milli() * ws.w.gang_size
-        if not nominal or self._key(ws) in self.failed:
+        if not nominal or _key(ws) in self.failed:
             return False
         chain = session.state.tree.chain[ws.queue]
         return any(_within(session, chain[:1], p, nominal, session.fair) for p in _pools(session, ws))
@@ -199,6 +195,11 @@ def mixed_rules(
 def _retryable(session: Session, ws: WorkloadState) -> bool:
     reason = session.pending.get(ws.idx)
     return reason is None or reason.code in RETRYABLE
+
+
+def _key(ws: WorkloadState) -> tuple[object, ...]:
+    """What a failed attempt is remembered by: the same for every workload it would fail alike."""
+    return (ws.queue, ws.w.request, ws.w.pools, ws.w.clusters, ws.w.gpu_models, ws.w.gang_size)
 
 
 def _pools(session: Session, ws: WorkloadState) -> list[int]:

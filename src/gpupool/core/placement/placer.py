@@ -1,4 +1,5 @@
-"""Find where every member of a workload goes: all members or none, a gang in one pool on the fewest nodes."""
+"""Find where every member of a workload goes: all members or none, a gang in one pool of one cluster on the fewest
+nodes."""
 
 from __future__ import annotations
 
@@ -14,31 +15,40 @@ from gpupool.core.placement.index import IntArray, NodeIndex
 from gpupool.core.placement.policies import Policy
 from gpupool.core.state import ANY_PROJECT, NodeState, WorkingState, WorkloadState
 
+GroupKey = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], bool]
+"""What decides a workload's candidate node groups (`node_groups`): its pools, clusters, models, and being a gang."""
+
+
+def group_key(ws: WorkloadState) -> GroupKey:
+    w = ws.w
+    return (w.pools, w.clusters, w.gpu_models, w.gang_size > 1)
+
 
 class Placer:
     def __init__(self, state: WorkingState, policy: Policy) -> None:
         self.state = state
         self.policy = policy
-        self._groups: dict[tuple[tuple[str, ...], tuple[str, ...], bool], list[list[NodeState]]] = {}
+        self._groups: dict[GroupKey, list[list[NodeState]]] = {}
         self._ever: dict[tuple[object, ...], bool] = {}
-        self._split: dict[tuple[tuple[str, ...], tuple[str, ...], bool], list[list[tuple[int, IntArray]]]] = {}
+        self._split: dict[GroupKey, list[list[tuple[int, IntArray]]]] = {}
+        self._all: dict[GroupKey, IntArray] = {}
         self._ranks: dict[int, int] = {}
         self.index = NodeIndex(state.nodes, state.dirty, policy.ctx.memo.signatures)
 
     def groups(self, ws: WorkloadState) -> list[list[NodeState]]:
-        """Candidate node groups in order of preference; a gang never spans two pools."""
+        """Candidate node groups in order of preference; a gang never spans two pools nor two clusters."""
         w = ws.w
-        key = (w.pools, w.gpu_models, w.gang_size > 1)
+        key = group_key(ws)
         found = self._groups.get(key)
         if found is None:
-            found = node_groups(self.state.nodes, w.pools, w.gang_size > 1, frozenset(w.gpu_models))
+            found = node_groups(self.state.nodes, w.pools, w.gang_size > 1, frozenset(w.gpu_models), w.clusters)
             self._groups[key] = found
         return found
 
     def ever_fits(self, ws: WorkloadState) -> bool:
-        """Whether an empty cluster could host the whole workload (else it is pending for good)."""
+        """Whether its candidate nodes, all empty, could host the whole workload (else it is pending for good)."""
         w = ws.w
-        key = (w.pools, w.gpu_models, w.gang_size, w.request)
+        key = (w.pools, w.clusters, w.gpu_models, w.gang_size, w.request)
         found = self._ever.get(key)
         if found is None:
             found = ever_fits(self.groups(ws), w.request, w.gang_size, frozenset(w.gpu_models))
@@ -47,8 +57,7 @@ class Placer:
 
     def pools_of(self, ws: WorkloadState) -> list[list[tuple[int, IntArray]]]:
         """The groups of `groups()`, each split by pool: (pool index, its node rows in ascending order)."""
-        w = ws.w
-        key = (w.pools, w.gpu_models, w.gang_size > 1)
+        key = group_key(ws)
         found = self._split.get(key)
         if found is None:
             found = []
@@ -62,6 +71,14 @@ class Placer:
 
     def candidate_pools(self, ws: WorkloadState) -> list[int]:
         return sorted({p for group in self.pools_of(ws) for p, _ in group})
+
+    def candidates(self, ws: WorkloadState) -> IntArray:
+        """Every node of its groups, ascending."""
+        key = group_key(ws)
+        found = self._all.get(key)
+        if found is None:
+            found = self._all[key] = np.array(sorted({n.idx for g in self.groups(ws) for n in g}), dtype=np.int64)
+        return found
 
     def rows(self, group: list[tuple[int, IntArray]], pool_ok: Callable[[int], bool]) -> IntArray | None:
         parts = [rows for p, rows in group if pool_ok(p)]

@@ -159,7 +159,7 @@ def _carry_out(
     target = Placement(0, node.name, found[0])
     state.hold(ws, target)
     for m in moved:
-        shape = (m.w.request, m.w.gpu_models, m.pool_idx)
+        shape = (m.w.request, m.w.gpu_models, m.w.clusters, m.pool_idx)
         spot = None if shape in no_room else _room_for(session, ws, m, node, group, hosts, eligible, message)
         if spot is None:
             no_room.add(shape)  # the search is the costly part, and the same shape fails alike elsewhere
@@ -185,6 +185,9 @@ def _room_for(
     """Room for a moved workload elsewhere in its pool: free or releasing, else freed by one more victim set."""
     rows = session.placer.rows(group, lambda p: p == m.pool_idx)
     others = None if rows is None else rows[rows != node.idx]
+    if others is not None and m.w.clusters:
+        # The group is the preemptor's: it may reach clusters the moved workload does not accept.
+        others = others[np.isin(others, session.placer.candidates(m))]
     if others is None or not len(others):
         return None
     spot = session.placer.place_in(m, others, pipelined=True)
