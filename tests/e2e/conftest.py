@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 
 from gpupool.backends.local import images
 from gpupool.client import Client
@@ -184,3 +185,12 @@ def which_or_fail(name: str) -> str:
     if path is None:
         raise AssertionError(f"{name} is not installed; scripts/test installs it")
     return path
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium, driven by Playwright (the portal's tests, and the fleet's GPU map)."""
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=which_or_fail("chromium"), args=["--no-sandbox"])
+        yield b
+        b.close()

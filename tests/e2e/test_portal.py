@@ -6,24 +6,16 @@ Screenshots of every page go to .artifacts/portal/ in the repository.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from tests.e2e.conftest import Server, which_or_fail
+from tests.e2e.conftest import Server
 
 SHOTS = Path(__file__).resolve().parents[2] / ".artifacts" / "portal"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=which_or_fail("chromium"), args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 def shot(page: Page, name: str) -> None:

@@ -11,9 +11,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.e2e.conftest import Server
-from tests.e2e.test_portal import admin_page, browser, shot
-
-__all__ = ["browser"]  # the module's chromium, shared with the portal's tests
+from tests.e2e.test_portal import admin_page, shot
 
 PAGE = "<!doctype html><title>tenant app</title><h1 id=hello>hello from the tenant</h1>\n"
 ATTACK = """async (main) => {

@@ -10,11 +10,8 @@ from datetime import UTC, datetime
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.e2e import test_portal
 from tests.e2e.conftest import Server
 from tests.e2e.test_portal import admin_page, shot
-
-browser = test_portal.browser  # the module's one chromium
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

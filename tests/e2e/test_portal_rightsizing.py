@@ -15,12 +15,9 @@ import pytest
 import uvicorn
 from playwright.sync_api import Browser, expect
 
-from tests.e2e import test_portal
 from tests.e2e.conftest import free_port, wait_for
 from tests.e2e.test_portal import admin_page, shot
 from tests.observability.harness import Cluster, cluster
-
-browser = test_portal.browser  # the module's one chromium
 
 ADVICE = "used at most 0.1 GiB of 80, busy 0% of the time: ask --gpu-memory 1GiB or --gpu 0.1"
 

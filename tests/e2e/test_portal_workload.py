@@ -17,8 +17,6 @@ from tests.e2e import test_portal
 from tests.e2e.conftest import Server
 from tests.e2e.test_portal import admin_page, shot
 
-browser = test_portal.browser  # the module's one chromium
-
 # Prints a line every half second while it keeps a CPU busy (simulated GPUs model their use from the CPU).
 TRAIN = "i=0; while [ $i -lt 40 ]; do echo step $i; i=$((i+1)); sleep 0.5; done & while :; do :; done"
 

@@ -12,6 +12,7 @@ import pytest
 
 from gpupool.backends.kubernetes.backend import KubernetesBackend, KubeSettings
 from tests.e2e.conftest import Server, Servers
+from tests.e2e.conftest import browser as browser
 from tests.kubernetes.cluster import Cluster, binaries
 from tests.kubernetes.controllers import ControllerManager, JobSetManager, Workloads
 

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, expect
 
 from kubernetes import client
 from tests.e2e.conftest import Server, Servers, wait_for
+from tests.e2e.test_portal import admin_page
 from tests.kubernetes.cluster import Cluster, binaries
 
 HEARTBEAT = {"GPUPOOL_CLUSTER_HEARTBEAT_S": "0.5", "GPUPOOL_CLUSTER_DOWN_AFTER_S": "3"}
@@ -76,7 +78,9 @@ def _pods(c: Cluster, workload: str) -> list[Any]:
     return [p for p in pods.items if p.metadata.deletion_timestamp is None]
 
 
-def test_work_spreads_over_the_clusters_and_a_gang_stays_in_one(hub: Server, clusters: dict[str, Cluster]) -> None:
+def test_work_spreads_over_the_clusters_and_a_gang_stays_in_one(
+    hub: Server, clusters: dict[str, Cluster], browser: Browser
+) -> None:
     s = hub
     for name, gpus in (("a", "4"), ("b", "4"), ("c", "2")):
         s.cli("submit", "-p", "vision", "--name", name, "--gpus", gpus, "--", "sleep", "inf")
@@ -89,6 +93,17 @@ def test_work_spreads_over_the_clusters_and_a_gang_stays_in_one(hub: Server, clu
         "east": (4, 4.0, 1),
         "west": (4, 4.0, 1),
     }
+    # The portal's GPU map, one group per cluster.
+    page = admin_page(browser, s.url, s.admin_token)
+    page.click("nav a[data-page=cluster]")
+    for cluster, gpus in (("east", 4), ("home", 2), ("west", 4)):
+        group = page.locator(f"#gpu-map [data-cluster={cluster}]")
+        expect(group.locator("h3").first).to_have_text(f"Cluster {cluster} {gpus} GPUs")
+        expect(group).to_contain_text("GPU 0")
+    expect(page.locator("#gpu-map [data-cluster=west]")).to_contain_text("west/west-000")
+    expect(page.locator("#gpu-map [data-cluster=east]")).not_to_contain_text("west/")
+    expect(page.locator("#gpu-map [data-cluster=home]")).not_to_contain_text("/")
+    page.close()
     for name in ("a", "b", "c"):
         s.cli("cancel", name)
     for name in ("a", "b", "c"):

@@ -315,6 +315,8 @@ class DeviceUsage(Reply):
 class NodePublic(Reply):
     name: str
     pool: str
+    cluster: str = ""
+    """The cluster it belongs to (the hub's own, or a spoke's: gpupool cluster list)."""
     backend: str
     schedulable: bool
     cpu_milli: int

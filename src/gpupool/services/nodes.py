@@ -35,6 +35,7 @@ def list_nodes(session: Session, who: Principal) -> list[NodePublic]:
             NodePublic(
                 name=n.name,
                 pool=n.pool,
+                cluster=n.cluster,
                 backend=n.backend,
                 schedulable=n.schedulable,
                 cpu_milli=n.cpu_milli,

@@ -271,7 +271,15 @@ async function showLogs(w) {
 // ---- cluster ---------------------------------------------------------------------------------------------
 async function clusterPage(mine) {
   const [nodes, timeline] = await Promise.all([api("/api/v1/nodes"), api("/api/v1/reports/timeline")]);
-  const map = el(`<section><h2>GPU map</h2><div class="grid" id="gpu-map"></div></section>`);
+  const map = el(`<section><h2>GPU map</h2><div id="gpu-map"></div></section>`);
+  // Grouped by cluster, by name, each group a grid of its nodes (one cluster: no heading).
+  const clusters = [...new Set(nodes.map((n) => n.cluster))].sort();
+  const grids = new Map(clusters.map((c) => {
+    const gpus = nodes.filter((n) => n.cluster === c).reduce((sum, n) => sum + n.devices.length, 0);
+    const group = el(`<div class="cluster" data-cluster="${esc(c)}">${clusters.length > 1 ? `<h3>Cluster ${esc(c)} <span class="reason">${gpus} GPUs</span></h3>` : ""}<div class="grid"></div></div>`);
+    map.querySelector("#gpu-map").append(group);
+    return [c, group.querySelector(".grid")];
+  }));
   for (const n of nodes) {
     const w = 120, devs = n.devices;
     const svg = devs.map((d, i) => {
@@ -282,7 +290,7 @@ async function clusterPage(mine) {
         ${d.workloads.slice(0, 3).map((name, k) => `<text x="8" y="${50 + k * 14}">${esc(name)}</text>`).join("")}
         ${d.workloads.length > 3 ? `<text x="8" y="92">+${d.workloads.length - 3} more</text>` : ""}</g>`;
     }).join("");
-    map.querySelector("#gpu-map").append(el(`<div><h3>${esc(n.name)} <span class="reason">pool ${esc(n.pool)}</span></h3>
+    grids.get(n.cluster).append(el(`<div><h3>${esc(n.name)} <span class="reason">pool ${esc(n.pool)}</span></h3>
       <svg width="${devs.length * (w + 8)}" height="96" role="img" aria-label="GPUs of ${esc(n.name)}">${svg}</svg></div>`));
   }
   const over = el(`<section><h2>Utilisation over the last hour (GPUs)</h2></section>`);
