@@ -366,6 +366,15 @@ CASES: dict[str, Case] = {
     ),
     # Clusters say where work may go: anyone reads the list; only admins see one's workloads, or change the fleet.
     "list_clusters": (lambda w, t: ("GET", "/api/v1/clusters", None, {}), _everyone(200)),
+    # Whether a department's work may burst: read by whoever sees the department, set by admins alone.
+    "get_department_burst": (
+        lambda w, t: ("GET", f"/api/v1/departments/{_department(t)}/burst", None, {}),
+        _by(SEES_OWN, SEES_OTHER, 200),
+    ),
+    "set_department_burst": (
+        lambda w, t: ("PUT", f"/api/v1/departments/{_department(t)}/burst", {"monthly_budget": 100}, {}),
+        _by({"admin"}, {"admin"}, 200),
+    ),
     "add_cluster": (
         lambda w, t: ("POST", "/api/v1/clusters", {"name": w.fresh("k"), "kubeconfig": KUBECONFIG}, {}),
         _only({"admin"}, 201),
@@ -462,8 +471,9 @@ def test_every_mutating_operation_leaves_an_audit_record(world: World) -> None:
     mutating = [(m.upper(), path) for path, ops in w.api.app.openapi()["paths"].items() for m in ops
                 if m.upper() in ("POST", "PUT", "PATCH", "DELETE")]  # fmt: skip
     # 19, single sign-on's session, device and device/{handle}, 4 of code, rerun, delete and apply, volumes' create
-    # and delete, a workload's files, the portal's cookie session, and clusters' add, drain and remove
-    assert len(mutating) == 36
+    # and delete, a workload's files, the portal's cookie session, clusters' add, drain and remove, and a
+    # department's burst settings
+    assert len(mutating) == 37
     for i, (method, path) in enumerate(mutating):
         concrete = path.replace("{name}", "p1").replace("{user}", "member").replace("{token_id}", "1")
         concrete = concrete.replace("{ref}", "w1").replace("{handle}", "h" * 43).replace("{digest}", EMPTY)

@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
+from gpupool.durations import duration_flag
 from gpupool.durations import format_duration as duration
-from gpupool.models.clusters import ClusterCreate, ClusterPublic, PoolScope
+from gpupool.models.clusters import BurstSettings, ClusterCreate, ClusterPublic, DepartmentBurstSet, PoolScope
 
 cluster_app = typer.Typer(
     help="Clusters: the hub's own and the spokes it schedules (a Kubernetes cluster, or this host).",
@@ -25,12 +27,16 @@ def _status(c: ClusterPublic) -> str:
     return word
 
 
+def _kind(c: ClusterPublic) -> str:
+    return c.kind.value if c.burst is None else f"{c.kind.value}, burst ${c.burst.price_per_gpu_hour:g}/GPU-h"
+
+
 def _table(rows: list[ClusterPublic]) -> None:
     print_table(
         "clusters",
         ("NAME", "KIND", "STATUS", "NODES", "GPUS", "ALLOCATED", "WORKLOADS"),
         (
-            (c.name, c.kind.value, _status(c), str(c.nodes), str(c.gpus), f"{c.allocated_gpus:g}", str(c.workloads))
+            (c.name, _kind(c), _status(c), str(c.nodes), str(c.gpus), f"{c.allocated_gpus:g}", str(c.workloads))
             for c in rows
         ),
     )
@@ -53,16 +59,44 @@ def cluster_add(
             help="global: its pools are the fleet's, quotas and all; cluster: its own (named CLUSTER-POOL).",
         ),
     ] = PoolScope.GLOBAL,
+    burst_price: Annotated[
+        float | None,
+        typer.Option("--burst-price", help="Burst capacity: dollars per GPU-hour (with --burst-max-gpus)."),
+    ] = None,
+    burst_max_gpus: Annotated[
+        int | None, typer.Option("--burst-max-gpus", help="Burst capacity: the most GPUs it may hold.")
+    ] = None,
+    burst_delay: Annotated[
+        float, typer.Option("--burst-delay", parser=duration_flag, help="From the ask to nodes ready (5m).")
+    ] = 300.0,
+    burst_idle: Annotated[
+        float, typer.Option("--burst-idle", parser=duration_flag, help="Idle this long, a node is given back (10m).")
+    ] = 600.0,
+    burst_node_gpus: Annotated[int, typer.Option("--burst-node-gpus", help="GPUs of one node it adds.")] = 8,
     output: Output = OutputOpt,
 ) -> None:
-    """Add a spoke (admins only): the hub reads its nodes from its next heartbeat and schedules work there."""
+    """Add a spoke (admins only): the hub reads its nodes from its next heartbeat and schedules work there. With
+    --burst-price and --burst-max-gpus its capacity is rented on demand (docs/clusters.md)."""
     text = None
     if kubeconfig is not None:
         try:
             text = kubeconfig.read_text()
         except OSError as e:
             fail(f"--kubeconfig {kubeconfig}: {e.strerror or e}")
-    body = ClusterCreate(name=name, kubeconfig=text, local=local, pool_label=pool_label, pool_scope=pool_scope)
+    burst = None
+    if (burst_price is None) != (burst_max_gpus is None):
+        fail("a burst cluster needs both --burst-price and --burst-max-gpus", 2)
+    if burst_price is not None and burst_max_gpus is not None:
+        try:
+            burst = BurstSettings(
+                price_per_gpu_hour=burst_price, max_gpus=burst_max_gpus, delay_s=burst_delay,
+                idle_release_s=burst_idle, node_gpus=burst_node_gpus,
+            )  # fmt: skip
+        except ValidationError as e:
+            fail("; ".join(f"--burst-{'-'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()), 2)
+    body = ClusterCreate(
+        name=name, kubeconfig=text, local=local, pool_label=pool_label, pool_scope=pool_scope, burst=burst
+    )
     with client() as c:
         added = c.add_cluster(body)
     if output is Output.json:
@@ -87,7 +121,11 @@ def cluster_describe(name: str, output: Output = OutputOpt) -> None:
     if output is Output.json:
         emit_json(d)
         return
-    print(f"Cluster:    {d.name} ({d.kind.value})")
+    print(f"Cluster:    {d.name} ({_kind(d)})")
+    if d.burst is not None:
+        b = d.burst
+        print(f"Burst:      up to {b.max_gpus} GPUs in nodes of {b.node_gpus}, ready {duration(b.delay_s)} after the "
+              f"ask, given back after {duration(b.idle_release_s)} idle")  # fmt: skip
     print(f"Status:     {_status(d)}")
     if d.last_seen_at is not None:
         print(f"Last seen:  {duration(max(0.0, time.time() - d.last_seen_at))} ago")
@@ -121,3 +159,31 @@ def cluster_remove(name: str) -> None:
     with client() as c:
         c.remove_cluster(name)
     print(f"cluster {name} removed")
+
+
+def department_burst(
+    name: str,
+    after: Annotated[
+        float | None,
+        typer.Option("--after", parser=duration_flag, help="Burst for work that has waited this long (30m)."),
+    ] = None,
+    budget: Annotated[float | None, typer.Option("--budget", help="Dollars a month it may spend on bursts.")] = None,
+    off: Annotated[bool, typer.Option("--off", help="Never burst.")] = False,
+    output: Output = OutputOpt,
+) -> None:
+    """When a department's waiting work may rent burst capacity, within what monthly budget (admins set it); with no
+    option, show it."""
+    if off and (after is not None or budget is not None):
+        fail("--off takes no --after or --budget", 2)
+    with client() as c:
+        if off or after is not None or budget is not None:
+            got = c.set_department_burst(name, DepartmentBurstSet(after_s=after, monthly_budget=budget))
+        else:
+            got = c.department_burst(name)
+    if output is Output.json:
+        emit_json(got)
+    elif got.monthly_budget is None:
+        print(f"department {got.department}: never bursts")
+    else:
+        print(f"department {got.department}: bursts for work waiting {duration(got.after_s or 0)}, "
+              f"within ${got.monthly_budget:g} a month")  # fmt: skip

@@ -169,6 +169,7 @@ def _register() -> None:
     app.add_typer(admin.user_app, name="user")
     app.add_typer(pools.pool_app, name="pool")
     app.add_typer(clusters.cluster_app, name="cluster")
+    admin.department_app.command("burst")(clusters.department_burst)
     app.add_typer(access.token_app, name="token")
     app.add_typer(access.member_app, name="member")
     app.add_typer(access.audit_app, name="audit")

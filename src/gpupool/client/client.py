@@ -30,7 +30,14 @@ from gpupool.models.accounts import (
     WhoAmI,
 )
 from gpupool.models.attempts import ApplyResult
-from gpupool.models.clusters import ClusterCreate, ClusterDetail, ClusterDrain, ClusterPublic
+from gpupool.models.clusters import (
+    ClusterCreate,
+    ClusterDetail,
+    ClusterDrain,
+    ClusterPublic,
+    DepartmentBurstPublic,
+    DepartmentBurstSet,
+)
 from gpupool.models.code import CodeLimits, CodeManifest, CodeMissing, CodeMissingReply, CodeStored
 from gpupool.models.rightsizing import RightsizingReport
 from gpupool.models.schemas import (
@@ -324,6 +331,14 @@ class Client:
 
     def remove_cluster(self, name: str) -> None:
         self._call("DELETE", f"/api/v1/clusters/{name}")
+
+    def department_burst(self, name: str) -> DepartmentBurstPublic:
+        return self._get(DepartmentBurstPublic, f"/api/v1/departments/{name}/burst")
+
+    def set_department_burst(self, name: str, body: DepartmentBurstSet) -> DepartmentBurstPublic:
+        return DepartmentBurstPublic.model_validate(
+            self._call("PUT", f"/api/v1/departments/{name}/burst", json=body.model_dump(mode="json")).json()
+        )
 
     # -- single sign-on (no token needed) -------------------------------------------------------------------
     def sso_config(self) -> SsoConfig:

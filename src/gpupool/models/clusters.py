@@ -53,6 +53,46 @@ class ClusterLostPolicyPublic(Reply):
     after_s: float
 
 
+MICRO = 1_000_000
+"""Money is kept in micro-dollars (integers); the API speaks dollars."""
+
+
+class BurstSettings(Wire):
+    """A cluster whose capacity is rented on demand (cluster-autoscaler behind ProvisioningRequests): what it costs,
+    how long it takes, how big it may grow, and when idle capacity is given back."""
+
+    price_per_gpu_hour: float = Field(gt=0, le=1000, allow_inf_nan=False, description="Dollars per GPU-hour.")
+    delay_s: float = Field(300.0, ge=0, le=86400, allow_inf_nan=False, description="From the ask to nodes ready.")
+    max_gpus: int = Field(ge=1, le=100_000, description="The most GPUs it may hold at once.")
+    node_gpus: int = Field(8, ge=1, le=64, description="GPUs of one node it adds.")
+    idle_release_s: float = Field(
+        600.0, ge=0, le=7 * 86400, allow_inf_nan=False, description="Idle this long, a node is given back."
+    )
+
+
+class BurstPublic(Reply):
+    price_per_gpu_hour: float
+    delay_s: float
+    max_gpus: int
+    node_gpus: int
+    idle_release_s: float
+
+
+class DepartmentBurstSet(Wire):
+    """When a department's work may burst: once it has waited `after_s`, within `monthly_budget` dollars a month.
+    Both null: it never bursts."""
+
+    after_s: float | None = Field(None, ge=0, le=30 * 86400, allow_inf_nan=False)
+    monthly_budget: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False, description="Dollars a month.")
+
+
+class DepartmentBurstPublic(Reply):
+    department: str
+    after_s: float | None
+    monthly_budget: float | None
+    """Dollars a month; null: it never bursts."""
+
+
 class ClusterCreate(Wire):
     name: Name
     kubeconfig: str | None = Field(
@@ -61,6 +101,9 @@ class ClusterCreate(Wire):
     local: bool = Field(False, description="This host, run by the hub's local backend.")
     pool_label: str | None = Field(None, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
     pool_scope: PoolScope = PoolScope.GLOBAL
+    burst: BurstSettings | None = None
+    """Set for capacity rented on demand: the hub asks for nodes through a ProvisioningRequest only when work has
+    waited past its department's threshold, within its budget."""
 
 
 class ClusterPublic(Reply):
@@ -70,6 +113,7 @@ class ClusterPublic(Reply):
     draining: bool
     pool_scope: PoolScope
     pool_label: str | None = None
+    burst: BurstPublic | None = None
     last_seen_at: float | None = None
     down_since: float | None = None
     nodes: int = 0

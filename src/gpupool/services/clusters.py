@@ -7,13 +7,24 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.lifecycle.phases import LIVE, AllocPhase
-from gpupool.models.clusters import ClusterCreate, ClusterDetail, ClusterKind, ClusterPublic, ClusterStatus, PoolScope
+from gpupool.models.clusters import (
+    MICRO,
+    BurstPublic,
+    BurstSettings,
+    ClusterCreate,
+    ClusterDetail,
+    ClusterKind,
+    ClusterPublic,
+    ClusterStatus,
+    PoolScope,
+)
 from gpupool.services import audit
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Invalid, NotFound
@@ -74,6 +85,7 @@ def _public(name: str, row: ClusterRow | None, home: Home, t: _Tally) -> Cluster
         draining=False if row is None else row.draining,
         pool_scope=PoolScope.GLOBAL if row is None else PoolScope(row.pool_scope),
         pool_label=None if row is None else row.pool_label,
+        burst=None if row is None or row.burst is None else _burst_public(row.burst),
         last_seen_at=None if row is None else row.last_seen_at,
         down_since=None if row is None else row.down_since,
         nodes=t.nodes[name],
@@ -81,6 +93,22 @@ def _public(name: str, row: ClusterRow | None, home: Home, t: _Tally) -> Cluster
         allocated_gpus=t.allocated[name] / 1000,
         workloads=len(t.running.get(name, ())),
     )
+
+
+def _burst_public(stored: dict[str, Any]) -> BurstPublic:
+    return BurstPublic(
+        price_per_gpu_hour=int(stored["price_micro"]) / MICRO, delay_s=float(stored["delay_s"]),
+        max_gpus=int(stored["max_gpus"]), node_gpus=int(stored["node_gpus"]),
+        idle_release_s=float(stored["idle_release_s"]),
+    )  # fmt: skip
+
+
+def burst_stored(b: BurstSettings) -> dict[str, Any]:
+    """As the store keeps it: money in micro-dollars."""
+    return {
+        "price_micro": round(b.price_per_gpu_hour * MICRO), "delay_s": b.delay_s, "max_gpus": b.max_gpus,
+        "node_gpus": b.node_gpus, "idle_release_s": b.idle_release_s,
+    }  # fmt: skip
 
 
 def list_clusters(session: Session, who: Principal, home: Home) -> list[ClusterPublic]:
@@ -119,6 +147,8 @@ def add(session: Session, who: Principal, home: Home, body: ClusterCreate) -> Cl
         raise Invalid("give a cluster either a kubeconfig or --local (this host), not both nor neither")
     if body.name == home.name or session.get(ClusterRow, body.name) is not None:
         raise Conflict(f"a cluster named {body.name!r} already exists")
+    if body.local and body.burst is not None:
+        raise Invalid("burst capacity is asked of a Kubernetes cluster's autoscaler: give a kubeconfig, not --local")
     if body.local:
         if home.backend == "local":
             raise Conflict(f"this host is already the hub's own cluster {home.name!r}")
@@ -133,6 +163,7 @@ def add(session: Session, who: Principal, home: Home, body: ClusterCreate) -> Cl
         kubeconfig=body.kubeconfig,
         pool_label=body.pool_label,
         pool_scope=body.pool_scope.value,
+        burst=None if body.burst is None else burst_stored(body.burst),
         draining=False,
         status=ClusterStatus.UNKNOWN.value,
         created_at=now,

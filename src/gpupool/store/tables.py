@@ -44,6 +44,10 @@ class QueueRow(Base):
     admin allows 'baseline'."""
     policy: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     """Idle and runtime limits: {"idle_timeout": {type: s}, "max_runtime": {type: s}, "idle_threshold_pct": n}."""
+    burst_after_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """A department's: burst capacity is asked for its work once that work has waited this long; None: never."""
+    burst_budget_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """A department's monthly burst budget, in micro-dollars; None: it never bursts (a budget must be set)."""
     created_at: Mapped[float] = mapped_column(Float)
     quotas: Mapped[list[QuotaRow]] = relationship(cascade="all, delete-orphan", lazy="selectin")
 
@@ -189,6 +193,9 @@ class ClusterRow(Base):
     `<cluster>-<pool>`, with quotas of their own)."""
     draining: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """Set by an admin: takes no new work; what runs there runs on."""
+    burst: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """For capacity rented on demand (gpupool.models.clusters.BurstSettings: price per GPU-hour in micro-dollars,
+    provisioning delay, most GPUs, GPUs per node, idle time before release); None: its nodes are its own."""
     status: Mapped[str] = mapped_column(String(16), default="unknown", server_default="unknown")
     """A ClusterStatus, from its heartbeats: unknown (never reached yet), up or down."""
     last_seen_at: Mapped[float | None] = mapped_column(Float, nullable=True)

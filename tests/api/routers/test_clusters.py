@@ -34,7 +34,7 @@ async def test_the_home_cluster_and_a_spoke_are_listed_and_the_spoke_drained_and
         r = await http.get("/api/v1/clusters", headers=admin)
         home = {
             "name": "home", "kind": "home", "status": "up", "draining": False, "pool_scope": "global",
-            "pool_label": None, "last_seen_at": None, "down_since": None, "nodes": 1, "gpus": 2,
+            "pool_label": None, "burst": None, "last_seen_at": None, "down_since": None, "nodes": 1, "gpus": 2,
             "allocated_gpus": 0.0, "workloads": 0,
         }  # fmt: skip
         assert (r.status_code, r.json()) == (200, [home])
@@ -117,3 +117,45 @@ async def test_a_cluster_that_runs_work_cannot_be_removed_and_a_workload_names_o
             made = await make.workload(project, gpu=0.25, **fields)
             detail = await make.ok("GET", f"/api/v1/workloads/{made['id']}")
             assert detail["on_cluster_lost"] == policy
+
+
+async def test_a_burst_cluster_keeps_its_price_and_size_and_a_department_its_threshold_and_budget(
+    fresh_api: Callable[..., Api],
+) -> None:
+    api = fresh_api(gpus="fake:2xH100-80GB")
+    async with client(api) as http:
+        make = Factory(api, http)
+        admin = make.admin.auth
+        burst = {"price_per_gpu_hour": 2.5, "max_gpus": 64, "delay_s": 120, "idle_release_s": 300}
+        r = await http.post("/api/v1/clusters", json={"name": "cloud", "kubeconfig": KUBECONFIG, "burst": burst},
+                            headers=admin)  # fmt: skip
+        assert (r.status_code, r.json()["burst"]) == (201, burst | {"node_gpus": 8})
+        r = await http.post("/api/v1/clusters", json={"name": "lab", "local": True, "burst": burst}, headers=admin)
+        local = "burst capacity is asked of a Kubernetes cluster's autoscaler: give a kubeconfig, not --local"
+        assert (r.status_code, r.json()) == (422, {"detail": local})
+        r = await http.post("/api/v1/clusters", json={"name": "c2", "kubeconfig": KUBECONFIG,
+                            "burst": {"price_per_gpu_hour": -1, "max_gpus": 0}}, headers=admin)  # fmt: skip
+        assert r.status_code == 422 and [e["loc"][-1] for e in r.json()["detail"]] == ["price_per_gpu_hour", "max_gpus"]
+
+        department = await make.department()
+        project = await make.project(department)
+        member = await make.user(project)
+        path = f"/api/v1/departments/{department}/burst"
+        assert (await http.get(path, headers=member.auth)).json() == {
+            "department": department, "after_s": None, "monthly_budget": None
+        }  # fmt: skip
+        r = await http.put(path, json={"monthly_budget": 5000}, headers=admin)  # the default threshold: 30 min
+        assert r.json() == {"department": department, "after_s": 1800.0, "monthly_budget": 5000.0}
+        r = await http.put(path, json={"after_s": 600, "monthly_budget": 0.5}, headers=admin)
+        assert r.json() == {"department": department, "after_s": 600.0, "monthly_budget": 0.5}
+        r = await http.put(path, json={"after_s": 600}, headers=admin)
+        assert (r.status_code, r.json()) == (
+            422, {"detail": "a department bursts within a monthly budget: give one (0 stops it bursting)"}
+        )  # fmt: skip
+        r = await http.put(path, json={"monthly_budget": 100}, headers=member.auth)
+        assert (r.status_code, r.json()) == (403, {"detail": "only an admin may do this"})
+        assert (await http.get(path, headers=member.auth)).json()["monthly_budget"] == 0.5  # nothing written
+        r = await http.put(path, json={}, headers=admin)
+        assert r.json() == {"department": department, "after_s": None, "monthly_budget": None}
+        r = await http.put(f"/api/v1/departments/{project}/burst", json={}, headers=admin)
+        assert (r.status_code, r.json()) == (404, {"detail": f"no department named {project!r}"})

@@ -1,4 +1,5 @@
-"""Routes of the fleet's clusters: the hub's own and the spokes admins add, drain and remove."""
+"""Routes of the fleet's clusters: the hub's own and the spokes admins add, drain and remove; and when a
+department's work may burst onto rented capacity."""
 
 from __future__ import annotations
 
@@ -6,8 +7,15 @@ from fastapi import APIRouter, status
 
 from gpupool.api.deps import ContextDep, CurrentUser, SessionDep
 from gpupool.api.errors import ERRORS
-from gpupool.models.clusters import ClusterCreate, ClusterDetail, ClusterDrain, ClusterPublic
-from gpupool.services import clusters
+from gpupool.models.clusters import (
+    ClusterCreate,
+    ClusterDetail,
+    ClusterDrain,
+    ClusterPublic,
+    DepartmentBurstPublic,
+    DepartmentBurstSet,
+)
+from gpupool.services import burst, clusters
 from gpupool.services.clusters import Home
 
 router = APIRouter(tags=["clusters"], responses=ERRORS)
@@ -49,3 +57,17 @@ def drain_cluster(
 def remove_cluster(name: str, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> None:
     """409 while live workloads have members there."""
     clusters.remove(session, who, _home(ctx), name)
+
+
+@router.get("/departments/{name}/burst", response_model=DepartmentBurstPublic)
+def get_department_burst(name: str, session: SessionDep, who: CurrentUser) -> DepartmentBurstPublic:
+    """Admins and the department's admins."""
+    return burst.get(session, who, name)
+
+
+@router.put("/departments/{name}/burst", response_model=DepartmentBurstPublic)
+def set_department_burst(
+    name: str, body: DepartmentBurstSet, session: SessionDep, who: CurrentUser
+) -> DepartmentBurstPublic:
+    """Admins only: when the department's waiting work may rent burst capacity, and within what monthly budget."""
+    return burst.set_burst(session, who, name, body)
