@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -14,6 +14,9 @@ app = typer.Typer(
     help="Replay public GPU-cluster traces through gpupool's scheduler.", no_args_is_help=True, add_completion=False
 )
 err = Console(stderr=True)
+
+if TYPE_CHECKING:
+    from gpupool.sim.org_burst_report import BurstRun
 
 
 @app.command()
@@ -100,8 +103,50 @@ def org(
             "'rightsized' (gpupool, those jobs submitted with the advised request). 0: not run.",
         ),
     ] = 0.0,
+    burst_gpus: Annotated[
+        int,
+        typer.Option(
+            "--burst-gpus",
+            help="Most GPUs rented at once from a cloud burst pool (whole 8-GPU nodes). Runs gpupool's rules once "
+            "per --budget and prints a table instead of the three regimes. 0: no burst pool.",
+        ),
+    ] = 0,
+    burst_price: Annotated[float, typer.Option("--burst-price", help="Burst price, dollars per GPU-hour.")] = 2.5,
+    burst_delay: Annotated[float, typer.Option("--burst-delay", help="Seconds from asking to a ready node.")] = 300.0,
+    burst_idle: Annotated[
+        float, typer.Option("--burst-idle", help="Seconds a burst node stays empty before it goes back.")
+    ] = 600.0,
+    burst_after: Annotated[
+        float, typer.Option("--burst-after", help="Every department's wait threshold: seconds before work bursts.")
+    ] = 1800.0,
+    budgets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--budget",
+            help="Monthly burst budget per department in dollars, pro-rated to the run (x days / 30); repeatable "
+            "or comma-separated (0,1000,5000,20000), one run each; 'none' for no cap (the default).",
+        ),
+    ] = None,
+    paced: Annotated[
+        bool,
+        typer.Option(
+            "--budget-pacing/--no-budget-pacing",
+            help="A budget accrues evenly over the run, as a monthly one over its month; off: all of it is "
+            "available from the start.",
+        ),
+    ] = True,
+    stop: Annotated[
+        bool,
+        typer.Option(
+            "--budget-stop/--no-budget-stop",
+            help="Stop a department's work on burst nodes once its budget is spent; off: let it finish (spending "
+            "can pass the budget).",
+        ),
+    ] = True,
+    jobs: Annotated[int, typer.Option("--jobs", help="Parallel processes for burst runs (default: all cores).")] = 0,
 ) -> None:
-    """An organisation over time under three regimes: manual, quota and gpupool (and rightsized)."""
+    """An organisation over time under three regimes: manual, quota and gpupool (and rightsized); with
+    --burst-gpus, under gpupool with a cloud burst pool, once per budget."""
     import dataclasses
     import json
 
@@ -120,22 +165,32 @@ def org(
     if not 0 <= followers <= 100:
         err.print("[red]error:[/] --rightsizing-followers must be a percent from 0 to 100")
         raise typer.Exit(2)
+    monthly = _burst_args(burst_gpus, (burst_price, burst_delay, burst_idle, burst_after), budgets, followers)
     try:
-        jobs = load_philly(trace)
+        trace_jobs = load_philly(trace)
     except TraceError as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
-    organisation = build(jobs, gpus, days, seed, start_day=start_day)
-    runs = [(name, regime, organisation) for name, regime in REGIMES.items()]
+    organisation = build(trace_jobs, gpus, days, seed, start_day=start_day)
+    header = {"trace": str(trace), "gpus": gpus, "days": days, "seed": seed, "start_day": start_day}
+    if burst_gpus:
+        from gpupool.sim.org import GPU_MODEL
+        from gpupool.sim.org_burst_report import BurstRun, burst_pool
+
+        pool = burst_pool(burst_gpus, burst_price, burst_delay, burst_idle, GPU_MODEL)
+        runs = [BurstRun(organisation, gpus, days, pool, burst_after, b, estimates, paced, stop) for b in monthly]
+        _burst_table(runs, out, {**header, "jobs": len(organisation.jobs)}, jobs)
+        return
+    regimes = [(name, regime, organisation) for name, regime in REGIMES.items()]
     if followers > 0:
         rightsized = dataclasses.replace(REGIMES["gpupool"], name="rightsized", estimates=False)
-        runs.append(("rightsized", rightsized, rightsize(organisation, followers, seed)))
+        regimes.append(("rightsized", rightsized, rightsize(organisation, followers, seed)))
     sims: dict[str, OrgSim] = {}
     horizon = days * DAY
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
     ) as bar:
-        for name, regime, work in runs:
+        for name, regime, work in regimes:
             regime = dataclasses.replace(regime, estimates=regime.estimates and estimates)
             task = bar.add_task(f"{name:>10}", total=round(horizon / 3600))
             sim = OrgSim(work, regime, gpus, horizon)
@@ -151,15 +206,7 @@ def org(
     if followers > 0:
         results["rightsized"]["rightsizing_followers_pct"] = followers
         results["rightsized"]["rightsized_jobs"] = followed(organisation, sims["rightsized"].org)
-    summary = {
-        "trace": str(trace),
-        "gpus": gpus,
-        "days": days,
-        "seed": seed,
-        "start_day": start_day,
-        "jobs": len(organisation.jobs),
-        "regimes": results,
-    }
+    summary = {**header, "jobs": len(organisation.jobs), "regimes": results}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(sims, out / "utilisation.png")
     for name, m in results.items():
@@ -169,3 +216,76 @@ def org(
             f"wait p50 {m['wait_p50_s']:.0f} s p95 {m['wait_p95_s']:.0f} s, mean JCT {m['mean_jct_s'] or 0:.0f} s, "
             f"{m['preemptions_per_100_jobs']} preemptions per 100 jobs"
         )
+
+
+def _burst_args(
+    burst_gpus: int, settings: tuple[float, float, float, float], budgets: list[str] | None, followers: float
+) -> list[float | None]:
+    """The monthly budgets to run (None: no cap), after checking the burst options; exits on a bad one."""
+
+    def refuse(message: str) -> NoReturn:
+        err.print(f"[red]error:[/] {message}")
+        raise typer.Exit(2)
+
+    if burst_gpus < 0 or burst_gpus % 8:
+        refuse("--burst-gpus must be a multiple of 8 (burst nodes have 8 GPUs), or 0 for none")
+    if not burst_gpus:
+        if budgets:
+            refuse("--budget needs a burst pool (--burst-gpus)")
+        return []
+    if followers > 0:
+        refuse("--rightsizing-followers and --burst-gpus are separate experiments; run them apart")
+    if min(settings) < 0:
+        refuse("--burst-price, --burst-delay, --burst-idle and --burst-after must not be negative")
+    out: list[float | None] = []
+    for item in ",".join(budgets or ["none"]).split(","):
+        text = item.strip().lower()
+        if text in ("none", "unlimited"):
+            out.append(None)
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value < float("inf"):
+            refuse(f"--budget takes dollars per month (0 or more) or 'none', not {item.strip()!r}")
+        out.append(value)
+    return out
+
+
+def _burst_table(runs: list[BurstRun], out: Path, header: dict[str, Any], jobs: int) -> None:
+    """Run every budget, write summary.json and the utilisation plot, print the table and a JSON line."""
+    import json
+
+    from gpupool.sim import org_burst_report as report
+    from gpupool.sim.org_report import plot_hourly
+
+    workers = min(len(runs), jobs if jobs > 0 else (os.cpu_count() or 1))
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    ) as bar:
+        task = bar.add_task("burst budgets", total=len(runs))
+        results = report.run_all(runs, workers, on_done=lambda run: bar.advance(task))
+    rows = [report.row(run, m) for run, (m, _) in zip(runs, results, strict=True)]
+    pool = runs[0].pool
+    summary = {
+        **header,
+        "burst": {
+            "pool": {
+                "max_gpus": pool.max_gpus,
+                "node_gpus": pool.node_gpus,
+                "price_usd_per_gpu_hour": pool.price_micro / 1_000_000,
+                "delay_s": pool.delay_s,
+                "idle_release_s": pool.idle_release_s,
+            },
+            "wait_threshold_s": runs[0].wait_threshold_s,
+            "budget_paced": runs[0].paced,
+            "budget_stop": runs[0].stop,
+            "runs": [{**r, "figures": m} for r, (m, _) in zip(rows, results, strict=True)],
+        },
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot_hourly({f"budget {run.label}": h for run, (_, h) in zip(runs, results, strict=True)}, out / "utilisation.png")
+    typer.echo(report.table(rows, runs[0].days), nl=False)
+    typer.echo(json.dumps({"burst": rows}))

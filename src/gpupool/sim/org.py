@@ -4,7 +4,8 @@ Events are arrivals, completions, notebook users coming and going, and a schedul
 seconds. At a tick where anything changed, or where a project waits for GPUs it is owed (else every fifth
 tick while work waits), the simulator builds a snapshot and applies what `schedule()` decides (`sim.apply`):
 binds start work, evictions stop it at once (the grace period is not simulated) and requeue it, having lost
-the progress since its last checkpoint.
+the progress since its last checkpoint. With a burst pool (`org_burst`), the core's `burst.plan` also runs at
+those ticks and at every tick while burst nodes are held, and the nodes it asks for join the cluster.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gpupool.core import (
     MILLI,
     Device,
     Node,
+    PendingCode,
     Placement,
     Queue,
     Quota,
@@ -30,13 +32,15 @@ from gpupool.core import (
 from gpupool.core.placement.memo import Memo
 from gpupool.core.priority import BATCH, INTERACTIVE, PRODUCTION, TRAINING, PriorityClass
 from gpupool.sim.apply import apply
+from gpupool.sim.org_burst import BurstCloud, BurstSettings, pool_of
 from gpupool.sim.org_eta import REFRESH_TICKS, Estimator, forecast_limits
 from gpupool.sim.org_jobs import Organisation, OrgJob
-from gpupool.sim.pools import shared_pools
+from gpupool.sim.pools import SHARED, shared_pools
 
 CHECKPOINT_S = 1_800.0
 """Training and batch work checkpoints every 30 minutes; an eviction loses what came after."""
 GPU_MEMORY_MIB = 80 * 1024
+GPU_MODEL = "H100"
 
 
 @dataclass(frozen=True)
@@ -114,13 +118,32 @@ class Totals:
     """Per workload type: [allocated, busy] milli-GPU-seconds."""
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
     """(time, allocated milli, busy milli) at each step, for the plot."""
+    burst_allocated_milli_s: float = 0.0
+    """On burst nodes, which the figures above leave out: they are of the on-premises GPUs only."""
+    burst_busy_milli_s: float = 0.0
 
 
 class OrgSim:
-    def __init__(self, org: Organisation, regime: Regime, gpus: int, horizon: float, interval: float = 60.0) -> None:
+    def __init__(
+        self,
+        org: Organisation,
+        regime: Regime,
+        gpus: int,
+        horizon: float,
+        interval: float = 60.0,
+        burst: BurstSettings | None = None,
+    ) -> None:
         self.org, self.regime, self.gpus, self.horizon, self.interval = org, regime, gpus, horizon, interval
         self.nodes, self.queues = _cluster(org, regime, gpus)
         self.pools = shared_pools(self.nodes)
+        self.cloud = BurstCloud(burst, tuple(sorted(org.departments))) if burst is not None else None
+        """Burst nodes rented from a cloud (`org_burst`); None: the on-premises cluster only."""
+        if self.cloud is not None:
+            self.pools.update({pool_of(d): SHARED for d in org.departments})
+        self.reasons: dict[str, PendingCode] = {}
+        """The last decision's reason for each workload it left pending."""
+        self.decided: Snapshot | None = None
+        """The snapshot after the last decision of the current tick, for the burst plan."""
         self.config = SchedulerConfig(actions=regime.actions)
         self.memo = Memo()
         self.records = {j.id: Record(j, remaining=j.work) for j in org.jobs}
@@ -157,14 +180,22 @@ class OrgSim:
             tick += 1
             self._idle_check()
             # Like the live loop, which runs every 2 s: every tick while a project waits for GPUs it is owed.
+            self.decided = None
             if self.dirty or self.owing or (self.pending and tick % 5 == 0):
                 self._schedule()
+            if self.cloud is not None and (self.decided is not None or self.cloud.held):
+                self._burst(self.cloud)
             if self.estimator is not None:
                 self._estimate(self.estimator, tick)
             if progress is not None and tick % 60 == 0:
                 progress(self.now)
 
     def _handle(self, kind: str, jid: str, token: int) -> None:
+        if kind == "burst-ready":
+            if self.cloud is not None:
+                self.cloud.ready(jid, self.now)
+                self.dirty = True
+            return
         rec = self.records[jid]
         if kind == "arrive":
             rec.pending_since = self.now
@@ -187,21 +218,20 @@ class OrgSim:
 
     def _snapshot(self) -> Snapshot:
         workloads = [self._workload(r) for r in (*self.running.values(), *self.pending.values())]
+        if self.cloud is not None:
+            nodes, queues = self.nodes + self.cloud.nodes(), self.cloud.queues(self.queues)
+            return Snapshot(nodes, queues, tuple(workloads), self.now, self.pools)
         return Snapshot(self.nodes, self.queues, tuple(workloads), self.now, self.pools)
 
     def _schedule(self) -> None:
         for _ in range(3):  # evictions release at once, so their preemptors can start in the same tick
             snapshot = self._snapshot()
-            applied = apply(snapshot, schedule(snapshot, self.config, memo=self.memo))
+            decision = schedule(snapshot, self.config, memo=self.memo)
+            applied = apply(snapshot, decision)
+            self.reasons = {p.workload: p.code for p in decision.pending}
+            self.decided = applied.snapshot
             for w in applied.evicted:
-                rec = self.records[w.id]
-                self._stop(rec)
-                rec.preemptions += 1
-                done = self.now - (w.start_time or self.now)
-                if rec.job.kind in ("training", "batch"):
-                    rec.remaining -= done // CHECKPOINT_S * CHECKPOINT_S
-                rec.pending_since = self.now
-                self.pending[rec.job.id] = rec
+                self._evict(self.records[w.id])
             for w in applied.started:
                 self._start(self.pending.pop(w.id), w.placements)
             for w in applied.snapshot.workloads:
@@ -210,6 +240,22 @@ class OrgSim:
             self.dirty = False
             if not applied.evicted:
                 break
+
+    def _burst(self, cloud: BurstCloud) -> None:
+        """The burst plan on the snapshot the core just decided on (or a fresh one), carried out: at every tick
+        where the core decided or a burst node is held, so a spent budget is seen within a tick."""
+        since = {jid: rec.pending_since for jid, rec in self.pending.items() if rec.pending_since is not None}
+        ready, stops = cloud.step(self.decided or self._snapshot(), self.reasons, since)
+        for t, name in ready:
+            self._push(t, "burst-ready", name)
+        if stops:  # a department's budget is spent: its work on burst nodes stops, as if preempted
+            for wid in stops:
+                self._evict(self.records[wid])
+            self.dirty = True
+            since.update((wid, self.now) for wid in stops)
+            ready, _ = cloud.step(self._snapshot(), self.reasons, since)  # its nodes, empty now, go back at once
+            for t, name in ready:
+                self._push(t, "burst-ready", name)
 
     def _estimate(self, estimator: Estimator, tick: int) -> None:
         """At a tick where a job submitted since the last forecast still waits, and every few ticks while any
@@ -230,6 +276,8 @@ class OrgSim:
 
     def _start(self, rec: Record, placements: tuple[Placement, ...]) -> None:
         rec.placements, rec.started, rec.owed_since, rec.nominated = placements, self.now, None, ()
+        if self.cloud is not None:
+            self.cloud.started(placements)
         if rec.first_start is None:
             rec.first_start = self.now
         rec.token += 1
@@ -237,9 +285,21 @@ class OrgSim:
         if rec.job.kind != "notebook":
             self._push(self.now + max(0.0, rec.remaining), "finish", rec.job.id, rec.token)
 
+    def _evict(self, rec: Record) -> None:
+        """Stop running work and requeue it; training and batch work keeps what it did up to its last checkpoint."""
+        done = self.now - (rec.started or self.now)
+        self._stop(rec)
+        rec.preemptions += 1
+        if rec.job.kind in ("training", "batch"):
+            rec.remaining -= done // CHECKPOINT_S * CHECKPOINT_S
+        rec.pending_since = self.now
+        self.pending[rec.job.id] = rec
+
     def _stop(self, rec: Record) -> None:
         if self.running.pop(rec.job.id, None) is not None:
             rec.ran_s += self.now - (rec.started or self.now)
+            if self.cloud is not None:
+                self.cloud.stopped(rec.placements, self.now)
         rec.token += 1
         rec.placements, rec.nominated = (), ()
 
@@ -272,6 +332,13 @@ class OrgSim:
         for rec in self.running.values():
             milli = sum(d.milli for p in rec.placements for d in p.devices)
             working = round(milli * _busy_share(rec.job, self.now, t))
+            if self.cloud is not None:  # what runs on burst nodes is counted apart
+                rented = sum(d.milli for p in rec.placements if self.cloud.is_burst(p.node) for d in p.devices)
+                if rented:
+                    share = working / milli if milli else 0.0
+                    self.totals.burst_allocated_milli_s += rented * dt
+                    self.totals.burst_busy_milli_s += rented * share * dt
+                    milli, working = milli - rented, round((milli - rented) * share)
             allocated += milli
             busy += working
             kind = self.totals.by_kind.setdefault(rec.job.kind, [0.0, 0.0])
@@ -365,7 +432,7 @@ def _cluster(org: Organisation, regime: Regime, gpus: int) -> tuple[tuple[Node, 
     """Nodes of 8 GPUs in one shared pool, or carved into a pool per project sized by its quota."""
 
     def node(name: str, pool: str, count: int) -> Node:
-        return Node(name, pool, 128_000, 1024 * 1024, tuple(Device(i, "H100", GPU_MEMORY_MIB) for i in range(count)))
+        return Node(name, pool, 128_000, 1024 * 1024, tuple(Device(i, GPU_MODEL, GPU_MEMORY_MIB) for i in range(count)))
 
     queues: list[Queue] = []
     if regime.shared:

@@ -50,6 +50,12 @@ def metrics(sim: OrgSim) -> dict[str, Any]:
     }
     if sim.estimator is not None:
         _add_estimates(out, sim.estimator, records)
+    if sim.cloud is not None:
+        out["burst"] = {
+            **sim.cloud.figures(sim.horizon),
+            "gpu_allocation_pct_of_on_prem": _pct(t.burst_allocated_milli_s, sim.horizon * capacity),
+            "busy_share_of_allocated_pct": _pct(t.burst_busy_milli_s, t.burst_allocated_milli_s),
+        }
     return out
 
 
@@ -106,15 +112,22 @@ def _pct(part: float, whole: float) -> float:
     return round(100 * part / whole, 2) if whole else 0.0
 
 
+Hourly = tuple[list[float], list[float], list[float]]
+"""Hours, and allocated and busy percent of the on-premises GPUs in each."""
+
+
 def plot(sims: dict[str, OrgSim], path: Path) -> None:
+    plot_hourly({name: hourly(sim) for name, sim in sims.items()}, path)
+
+
+def plot_hourly(series: dict[str, Hourly], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(sims), 1, figsize=(12, 2.6 * len(sims)), sharex=True, squeeze=False)
-    for ax, (name, sim) in zip(axes[:, 0], sims.items(), strict=True):
-        hours, allocated, busy = _hourly(sim)
+    fig, axes = plt.subplots(len(series), 1, figsize=(12, 2.6 * len(series)), sharex=True, squeeze=False)
+    for ax, (name, (hours, allocated, busy)) in zip(axes[:, 0], series.items(), strict=True):
         ax.fill_between(hours, allocated, step="post", alpha=0.35, label="allocated")
         ax.plot(hours, busy, drawstyle="steps-post", linewidth=0.8, label="busy")
         ax.set(ylabel="% of GPUs", ylim=(0, 105), title=name)
@@ -126,7 +139,7 @@ def plot(sims: dict[str, OrgSim], path: Path) -> None:
     plt.close(fig)
 
 
-def _hourly(sim: OrgSim) -> tuple[list[float], list[float], list[float]]:
+def hourly(sim: OrgSim) -> Hourly:
     capacity = sim.gpus * MILLI
     buckets: dict[int, list[float]] = {}
     timeline = sim.totals.timeline
