@@ -19,6 +19,16 @@ from gpupool.api.deps import Context
 from gpupool.server import build
 from gpupool.settings import Settings
 
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: far, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: hub, user: {token: t}}]
+contexts: [{name: far, context: {cluster: far, user: hub}}]
+current-context: far
+"""
+"""A spoke's kubeconfig that is never reached (nothing listens on its port): clusters added, listed and refused."""
+
 
 @dataclass
 class Api:

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 from starlette.testclient import TestClient
 
-from tests.api.inprocess import Api, make_api
+from tests.api.inprocess import KUBECONFIG, Api, make_api
 
 ACTORS = ("anonymous", "bad", "admin", "dadmin", "other_dadmin", "member", "viewer", "service")
 # own tenant: department d1, project p1; other tenant: department d2, project p2.
@@ -175,16 +175,6 @@ def _delete_volume(w: World, t: str) -> Request:
     name = w.fresh("v")
     w.admin("POST", "/api/v1/volumes", {"project": _project(t), "name": name, "size": "64MiB"})
     return "DELETE", f"/api/v1/volumes/{name}", None, {"project": _project(t)}
-
-
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters: [{name: far, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: hub, user: {token: t}}]
-contexts: [{name: far, context: {cluster: far, user: hub}}]
-current-context: far
-"""
 
 
 def _spoke(w: World) -> str:

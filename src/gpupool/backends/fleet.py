@@ -155,7 +155,7 @@ class Fleet:
         self._lock = threading.Lock()
         self._spokes: dict[str, Spoke] = {}
         self._where: dict[str, str] = {}
-        """Allocation → the spoke that runs it, as launched or observed (the store answers for the rest)."""
+        """Allocation → the cluster that runs it, as launched, observed or located in the store."""
         self._dark: frozenset[str] = frozenset()
         self._due = True
         self._stop = threading.Event()
@@ -241,12 +241,21 @@ class Fleet:
             raise ConnectionError(f"cluster {cluster} is not reachable")
         return spoke.backend, node.split(SEP, 1)[1]
 
+    def _has_spokes(self) -> bool:
+        with self._lock:
+            return bool(self._spokes)
+
     def _for_alloc(self, alloc_id: str) -> Backend | None:
+        """Its cluster's backend. Without spokes, the hub's own at once: the app proxy asks on every request, and the
+        store is asked only where there is a choice to make (once per allocation: where it runs never changes)."""
+        if not self._has_spokes():
+            return self.home
         cluster = self._where.get(alloc_id)
         if cluster is None:
             node = self._locate_alloc(alloc_id)
-            cluster = spoke_of(node) if node is not None else None
-        if cluster is None:
+            cluster = (spoke_of(node) if node is not None else None) or self.home_name
+            self._where[alloc_id] = cluster
+        if cluster == self.home_name:
             return self.home
         spoke = self.spoke(cluster)
         return spoke.backend if spoke is not None else None
@@ -304,7 +313,7 @@ class Fleet:
         return merged
 
     def read_log(self, workload_id: int, rank: int, offset: int, limit: int) -> bytes:
-        node = self._locate_workload(workload_id, rank)
+        node = self._locate_workload(workload_id, rank) if self._has_spokes() else None
         backend = self.home if node is None else self._backend_of(node)[0]
         return backend.read_log(workload_id, rank, offset, limit)
 

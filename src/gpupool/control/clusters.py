@@ -61,7 +61,10 @@ class Clusters:
         observed: Mapping[str, Observed] | None,
         now: float,
     ) -> list[EventRow]:
-        down = self._heartbeats(s, fleet.spoke_health(), now)
+        health = fleet.spoke_health()
+        if not health:  # no spoke: nothing to write or to move, and no query in every cycle of a single cluster
+            return []
+        down = self._heartbeats(s, health, now)
         events = _lost(rows, fleet, down, now)
         if observed is not None:
             _abandoned(s, fleet, observed)

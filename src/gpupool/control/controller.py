@@ -294,7 +294,8 @@ class Controller:
                 loaded = self.view.rows()
                 fleet = fleet_of(self.backend)
                 moved = [] if fleet is None else self.clusters.step(s, fleet, loaded, observed, now)
-                reconciled, ended = reconcile(loaded, observed, now, *(() if fleet is None else (fleet.unreachable,)))
+                unreachable = (lambda _: False) if fleet is None else fleet.unreachable
+                reconciled, ended = reconcile(loaded, observed, now, unreachable)
                 reconciled = moved + reconciled
                 s.add_all(reconciled)
             rows = [r for r in loaded if r.state in ACTIVE and not r.hold]

@@ -52,14 +52,14 @@ class _Tally:
 
 def _tally(session: Session, home: Home) -> _Tally:
     t = _Tally(Counter(), Counter(), {}, {}, Counter(), {})
+    clusters: dict[str, str] = {}
     for n in session.scalars(select(NodeRow).order_by(NodeRow.name)):
-        cluster = n.cluster or home.name
+        cluster = clusters[n.name] = n.cluster or home.name
         t.pools.setdefault(cluster, set()).add(n.pool)
         t.node_names.setdefault(cluster, []).append(n.name)
         if n.schedulable:
             t.nodes[cluster] += 1
             t.gpus[cluster] += len(n.devices)
-    clusters = {n.name: n.cluster or home.name for n in session.scalars(select(NodeRow))}
     projects: dict[int, str] = {i: n for i, n in session.execute(select(QueueRow.id, QueueRow.name))}
     query = (
         select(AllocationRow.node, AllocationRow.devices, WorkloadRow.project_id, WorkloadRow.name)

@@ -21,10 +21,10 @@ from typing import Any
 
 from gpupool.core import MILLI, Device, Node, PendingCode, Placement, Queue, Quota, Snapshot
 from gpupool.core.burst import BurstNode, BurstPool, DepartmentBurst, accrued, cost_micro, plan
+from gpupool.models.clusters import MICRO
 
 BURST_POOL = "burst"
 """The burst pool's name as `plan` knows it (the core nodes' pools are per department: `pool_of`)."""
-MICRO = 1_000_000
 
 
 def pool_of(department: str) -> str:

@@ -16,8 +16,9 @@ from fractions import Fraction
 from typing import Any
 
 from gpupool.core.burst import BurstPool
+from gpupool.models.clusters import MICRO
 from gpupool.sim.org import REGIMES, OrgSim
-from gpupool.sim.org_burst import BURST_POOL, MICRO, BurstSettings
+from gpupool.sim.org_burst import BURST_POOL, BurstSettings
 from gpupool.sim.org_jobs import DAY, Organisation
 from gpupool.sim.org_report import hourly, metrics
 

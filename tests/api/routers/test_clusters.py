@@ -9,19 +9,10 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.api.inprocess import Api
+from tests.api.inprocess import KUBECONFIG, Api
 from tests.api.routers.factories import Factory, client
 
 pytestmark = pytest.mark.anyio
-
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters: [{name: far, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: hub, user: {token: t}}]
-contexts: [{name: far, context: {cluster: far, user: hub}}]
-current-context: far
-"""
 
 
 async def test_the_home_cluster_and_a_spoke_are_listed_and_the_spoke_drained_and_removed(
