@@ -17,6 +17,7 @@ from sqlalchemy import (
     UniqueConstraint,
     event,
     false,
+    true,
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, UOWTransaction, mapped_column, relationship
@@ -48,6 +49,16 @@ class QueueRow(Base):
     """A department's: burst capacity is asked for its work once that work has waited this long; None: never."""
     burst_budget_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     """A department's monthly burst budget, in micro-dollars; None: it never bursts (a budget must be set)."""
+    burst_paced: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    """Whether the monthly budget accrues evenly over the month (asks are checked against what has accrued so far,
+    so a busy first day cannot spend the month) or is all there from its first day."""
+    burst_stop_at_budget: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    """Whether work on the department's burst nodes is stopped (requeued) once its spending reaches the budget;
+    False: it runs to its end, and spending may pass the budget by that tail."""
+    burst_refused: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """Why the department's waiting work got no burst node at the hub's last try (gpupool.core.burst: over-budget or
+    pools-full); None when it got what it needed or needed nothing."""
+    burst_refused_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     quotas: Mapped[list[QuotaRow]] = relationship(cascade="all, delete-orphan", lazy="selectin")
 
@@ -202,6 +213,38 @@ class ClusterRow(Base):
     down_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class BurstNodeRow(Base):
+    """One node rented for a department from a burst cluster: one ProvisioningRequest of one node, named `name`.
+    Written (phase asking) and committed before the request is made, so a crash of the hub neither loses a request
+    nor makes two: the name keys the ask, and asking again is idempotent."""
+
+    __tablename__ = "burst_nodes"
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(63), index=True)
+    department: Mapped[str] = mapped_column(String(63), index=True)
+    """The department that asked for it and pays for it (a top-level queue's name)."""
+    gpus: Mapped[int] = mapped_column(Integer)
+    price_micro: Mapped[int] = mapped_column(BigInteger)
+    """Micro-dollars per GPU-hour, as the cluster's price was at the ask: a later price change bills new nodes."""
+    phase: Mapped[str] = mapped_column(String(16), index=True)
+    """A BurstPhase (gpupool.lifecycle.burst), changed only by its transition functions."""
+    end_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """A BurstEnd: why it is given back."""
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    """The hub's name of the node it became (`<cluster>/<node>`), once one is attributed to it."""
+    for_workloads: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    """The waiting workloads it was asked for (ids), oldest first."""
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The provider's last word on it (a failure's reason)."""
+    asked_at: Mapped[float] = mapped_column(Float)
+    """Billing starts here (clouds bill an instance from when it exists, ready or not)."""
+    ready_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    idle_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """When it last became empty; None while it runs work or is not ready."""
+    released_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """When the provider confirmed it given back: billing ends here."""
 
 
 class PoolRow(Base):
@@ -418,6 +461,8 @@ class UsageRow(Base):
     busy_milli_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     gpu_memory_mib: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     """The most GPU memory its members used together in a sample of that minute; None before one was taken."""
+    burst_price_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """Where it ran on a rented (burst) node: that node's price per GPU-hour in micro-dollars; None: on-premises."""
 
 
 class next_version(FunctionElement[int]):
