@@ -29,10 +29,11 @@ from gpupool.core import (
     Workload,
     schedule,
 )
+from gpupool.core.burst_pools import pool_of
 from gpupool.core.placement.memo import Memo
 from gpupool.core.priority import BATCH, INTERACTIVE, PRODUCTION, TRAINING, PriorityClass
 from gpupool.sim.apply import apply
-from gpupool.sim.org_burst import BurstCloud, BurstSettings, pool_of
+from gpupool.sim.org_burst import BurstCloud, BurstSettings
 from gpupool.sim.org_eta import REFRESH_TICKS, Estimator, forecast_limits
 from gpupool.sim.org_jobs import Organisation, OrgJob
 from gpupool.sim.pools import SHARED, shared_pools

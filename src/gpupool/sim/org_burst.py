@@ -15,21 +15,17 @@ summed per department and rounded up to a micro-dollar once (`cost_micro`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from gpupool.core import MILLI, Device, Node, PendingCode, Placement, Queue, Quota, Snapshot
+from gpupool.core import Device, Node, PendingCode, Placement, Queue, Snapshot
 from gpupool.core.burst import BurstNode, BurstPool, DepartmentBurst, accrued, cost_micro, plan
+from gpupool.core.burst_pools import department_quotas, pool_of
 from gpupool.models.clusters import MICRO
 
 BURST_POOL = "burst"
 """The burst pool's name as `plan` knows it (the core nodes' pools are per department: `pool_of`)."""
-
-
-def pool_of(department: str) -> str:
-    """The pool of a department's burst nodes in the snapshot."""
-    return f"{BURST_POOL}-{department}"
 
 
 @dataclass(frozen=True)
@@ -115,16 +111,7 @@ class BurstCloud:
         for h in self.held.values():
             if h.ready_at is not None:
                 gpus[h.department] = gpus.get(h.department, 0) + self.settings.pool.node_gpus
-        out = []
-        for q in queues:
-            if q.parent is None:
-                own = {pool_of(d): Quota(limit=0) for d in gpus if d != q.name}
-                if q.name in gpus:
-                    milli = gpus[q.name] * MILLI
-                    own[pool_of(q.name)] = Quota(milli, limit=milli)
-                q = replace(q, quotas={**q.quotas, **own})
-            out.append(q)
-        return tuple(out)
+        return department_quotas(queues, gpus)
 
     def is_burst(self, node: str) -> bool:
         return node in self.held
