@@ -74,6 +74,7 @@ def test_a_standby_takes_over_a_killed_leader_and_adopts_what_runs(replicas: Cal
     wait_for(lambda: len(set(r.running()) - set(before)) == 4, 30, "4 queued workloads to start")
     running = r.running()
     assert _devices(r) == list(range(8))  # no device given twice
+    wait_for(lambda: all(r.starts(wid) for wid, _ in running.values()), 15, "each process to have started")
     assert [r.starts(wid) for wid, _ in running.values()] == [1] * 8
     with standby.client() as c:
         ids = [w.id for w in c.list_workloads()]
@@ -114,6 +115,8 @@ def test_a_paused_leader_is_deposed_and_acts_no_more_once_it_resumes(replicas: C
     assert sorted(running) == ["a2", "b1", "c1"]
     devices = _devices(r, new)
     assert len(set(devices)) == len(devices) == 3  # no device given twice
+    # "running" is written when the process is launched; its first line may come a moment later.
+    wait_for(lambda: all(r.starts(wid) for wid, _ in running.values()), 15, "each process to have started")
     assert [r.starts(wid) for wid, _ in running.values()] == [1, 1, 1]
 
 
