@@ -35,7 +35,7 @@ def _fired(name: str, times: int) -> list[int]:
 
 
 def test_an_unarmed_point_does_nothing() -> None:
-    assert [_fired(name, 3) for name in sorted(POINTS)] == [[]] * 6
+    assert [_fired(name, 3) for name in sorted(POINTS)] == [[]] * 8
 
 
 def test_a_raise_fires_once_at_its_nth_reach_and_each_point_counts_its_own() -> None:

@@ -22,6 +22,8 @@ ENV = "GPUPOOL_FAILPOINTS"
 
 POINTS = frozenset(
     {
+        "burst.after-ask",  # a burst node was asked for; its row does not say so yet
+        "burst.after-give-back",  # a burst node was given back; its row does not say so yet
         "code.before-mark",  # a member's code is copied into its working directory; not yet marked complete
         "cycle.after-persist",  # the decision is committed; nothing launched or signalled yet
         "cycle.before-events",  # launches and stops done; their events not yet committed

@@ -26,6 +26,8 @@ from gpupool.api.tracing import setup_tracing
 from gpupool.backends.base import Backend
 from gpupool.backends.local import GpuSpecError, discover
 from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
+from gpupool.control.burst import Bursting
+from gpupool.control.burst_follow import kube_provider
 from gpupool.control.controller import Controller
 from gpupool.control.leader import LeaderBackend, Leadership
 from gpupool.logs import configure_logging
@@ -182,6 +184,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         inventory_interval_s=10.0 if settings.backend == "kubernetes" else None,
         fence=None if leadership is None else leadership.fence,
         cluster_down_after_s=settings.cluster_down_after_s,
+        bursting=Bursting(kube_provider, settings.burst_interval_s, settings.burst_lookahead_s),
     )
     holder.append(controller)
     if leadership is None:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.backends.base import MemberSample, Sample
@@ -16,7 +17,7 @@ from gpupool.lifecycle.phases import AllocPhase, Phase, StopReason
 from gpupool.services.auth import Principal
 from gpupool.services.reports import usage
 from gpupool.store.engine import make_engine, migrate, session_factory
-from gpupool.store.tables import AllocationRow, NodeRow, QueueRow, QuotaRow, UserRow, WorkloadRow
+from gpupool.store.tables import AllocationRow, NodeRow, QueueRow, QuotaRow, UsageRow, UserRow, WorkloadRow
 
 T0 = 1_800_000_000.0  # a minute boundary
 
@@ -129,3 +130,28 @@ def test_policies_inherit_and_stop_idle_or_overlong_work(session: Session) -> No
         ("nb2", StopReason.IDLE),
     ]
     assert isinstance(pols[org["vision"].id], Policy)
+
+
+def test_a_minute_on_a_rented_node_is_written_with_its_price(session: Session) -> None:
+    org = _org(session)
+    session.add(NodeRow(name="cloud/n2", backend="kubernetes", pool="h100", cpu_milli=8000, memory_mib=1, devices=[],
+                        updated_at=0))  # fmt: skip
+    here = _running(session, "here", org["vision"], owner=1, milli=1000)
+    there = _running(session, "there", org["nlp"], owner=2, milli=1000)
+    there.allocations[0].node = "cloud/n2"
+    session.flush()
+    policies = {qid: effective(chain) for qid, chain in chains(list(org.values())).items()}
+    nodes = {n: session.get(NodeRow, n) for n in ("n1", "cloud/n2")}
+    sample = Sample({f"{here.id}-0-0": MemberSample(50, 0), f"{there.id}-0-0": MemberSample(50, 0)}, (), True)
+    account(session, [here, there], sample, policies, nodes, T0, T0 + 30,  # type: ignore[arg-type]
+            burst_prices={"cloud/n2": 3_600_000})  # fmt: skip
+    account(session, [here, there], sample, policies, nodes, T0 + 30, T0 + 59)  # type: ignore[arg-type]
+    session.commit()
+    rows = {
+        (u.workload_id, u.minute): (u.milli_seconds, u.burst_price_micro) for u in session.scalars(select(UsageRow))
+    }
+    # One minute each; the second call (no prices given) adds to the row the first wrote, its price kept.
+    assert rows == {
+        (here.id, int(T0 // 60)): (59_000.0, None),
+        (there.id, int(T0 // 60)): (59_000.0, 3_600_000),
+    }

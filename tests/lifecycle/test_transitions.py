@@ -187,5 +187,6 @@ def test_illegal_steps_are_errors() -> None:
 
 def test_evictions_counted_are_the_scheduler_and_policy_stops() -> None:
     assert sorted(EVICTIONS) == [
-        "cluster-lost", "consolidate", "gang-broken", "idle", "max-runtime", "node-lost", "preempt", "reclaim"
+        "burst-budget", "cluster-lost",
+        "consolidate", "gang-broken", "idle", "max-runtime", "node-lost", "preempt", "reclaim"
     ]  # fmt: skip

@@ -63,6 +63,7 @@ def test_each_kind_of_stop_is_counted_once_under_its_reason(tmp_path: Path, capl
 
         text = c.http("GET", "/metrics").text
         assert _samples(text, "gpupool_evictions_total") == {
+            '{reason="burst-budget"}': 0,
             '{reason="cluster-lost"}': 0, '{reason="consolidate"}': 0, '{reason="gang-broken"}': 0,
             '{reason="idle"}': 1, '{reason="max-runtime"}': 1, '{reason="node-lost"}': 0, '{reason="preempt"}': 1,
             '{reason="reclaim"}': 1,

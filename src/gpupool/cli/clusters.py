@@ -136,6 +136,12 @@ def cluster_describe(name: str, output: Output = OutputOpt) -> None:
     print(f"Workloads:  {len(d.running)}")
     for w in d.running:
         print(f"  {w}")
+    if d.burst is not None:
+        held = sum(1 for n in d.burst_nodes if n.released_at is None)
+        print(f"Rented:     {held} node(s) held, {len(d.burst_nodes) - held} given back in the last day")
+        for n in d.burst_nodes:
+            why = f" ({n.end_reason.value})" if n.end_reason is not None else ""
+            print(f"  {n.name}  {n.department}  {n.phase.value}{why}  {n.node or '-'}  ${n.cost:,.2f}")
 
 
 @cluster_app.command("drain")
@@ -168,22 +174,54 @@ def department_burst(
         typer.Option("--after", parser=duration_flag, help="Burst for work that has waited this long (30m)."),
     ] = None,
     budget: Annotated[float | None, typer.Option("--budget", help="Dollars a month it may spend on bursts.")] = None,
+    paced: Annotated[
+        bool | None,
+        typer.Option("--paced/--no-paced", help="The budget accrues evenly over the month (default), or not."),
+    ] = None,
+    stop: Annotated[
+        bool | None,
+        typer.Option(
+            "--stop-at-budget/--let-finish",
+            help="At the budget, stop its work on rented nodes (default), or let it run to its end.",
+        ),
+    ] = None,
     off: Annotated[bool, typer.Option("--off", help="Never burst.")] = False,
     output: Output = OutputOpt,
 ) -> None:
-    """When a department's waiting work may rent burst capacity, within what monthly budget (admins set it); with no
-    option, show it."""
+    """When a department's waiting work may rent burst capacity, within what monthly budget (admins set it), and
+    what it spends this month; with no option, show it. A setting not given keeps its value."""
     if off and (after is not None or budget is not None):
         fail("--off takes no --after or --budget", 2)
+    try:
+        DepartmentBurstSet(after_s=after, monthly_budget=budget)  # the flags checked before any call
+    except ValidationError as e:
+        fail("; ".join(f"--{_FLAGS[str(err['loc'][0])]}: {err['msg']}" for err in e.errors()), 2)
     with client() as c:
-        if off or after is not None or budget is not None:
-            got = c.set_department_burst(name, DepartmentBurstSet(after_s=after, monthly_budget=budget))
-        else:
-            got = c.department_burst(name)
+        got = c.department_burst(name)
+        if off or any(v is not None for v in (after, budget, paced, stop)):
+            body = DepartmentBurstSet(
+                after_s=None if off else (got.after_s if after is None else after),
+                monthly_budget=None if off else (got.monthly_budget if budget is None else budget),
+                paced=got.paced if paced is None else paced,
+                stop_at_budget=got.stop_at_budget if stop is None else stop,
+            )
+            got = c.set_department_burst(name, body)
     if output is Output.json:
         emit_json(got)
-    elif got.monthly_budget is None:
+        return
+    if got.monthly_budget is None:
         print(f"department {got.department}: never bursts")
     else:
+        rules = (
+            f"{'paced' if got.paced else 'not paced'}, {'stops at it' if got.stop_at_budget else 'lets work finish'}"
+        )
         print(f"department {got.department}: bursts for work waiting {duration(got.after_s or 0)}, "
-              f"within ${got.monthly_budget:g} a month")  # fmt: skip
+              f"within ${got.monthly_budget:,.2f} a month ({rules})")  # fmt: skip
+    held = f"{got.nodes} node{'' if got.nodes == 1 else 's'} held"
+    print(f"  this month: ${got.spent:,.2f} spent, ${got.forecast:,.2f} forecast; {held}, "
+          f"${got.rate_per_hour:,.2f} an hour")  # fmt: skip
+    if got.refused is not None:
+        print(f"  refused at the last try: {got.refused}")
+
+
+_FLAGS = {"after_s": "after", "monthly_budget": "budget"}

@@ -14,7 +14,7 @@ from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, p
 from gpupool.cli.submit import TYPES
 from gpupool.durations import format_duration, parse_duration
 from gpupool.models.rightsizing import RightsizingLine
-from gpupool.models.schemas import PolicyPublic, PolicyUpdate
+from gpupool.models.schemas import BudgetLine, PolicyPublic, PolicyUpdate
 
 report_app = typer.Typer(help="Usage, cost and right-sizing reports.", no_args_is_help=True)
 
@@ -91,7 +91,9 @@ def usage(
     by: Annotated[str, typer.Option("--by", help="department, project, user or workload.")] = "project",
     output: Annotated[str, typer.Option("-o", "--output", help="table, json or csv.")] = "table",
 ) -> None:
-    """GPU-hours and cost by department, project or user, split into busy and idle-allocated."""
+    """GPU-hours and cost by department, project or user, split into busy and idle-allocated, and into on-premises
+    (priced per pool) and burst (rented nodes, at their price); then each department's burst budget: spent and
+    forecast this month, the rate of what it holds now, rented and unused in the period."""
     if output not in ("table", "json", "csv"):
         fail("-o must be table, json or csv", 2)
     with client() as c:
@@ -99,19 +101,44 @@ def usage(
     if output == "json":
         emit_json(report)
         return
-    cols = ("key", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "cost", "busy_cost", "idle_cost")
     lines = [*report.lines, report.total]
     if output == "csv":
         writer = csv.writer(sys.stdout)
-        writer.writerow([by if col == "key" else col for col in cols])
+        writer.writerow([by if col == "key" else col for col in _USAGE_COLUMNS])
         for line in lines:
-            writer.writerow([getattr(line, col) for col in cols])
+            writer.writerow([getattr(line, col) for col in _USAGE_COLUMNS])
         return
     print_table(
         f"usage by {by}",
-        (by.upper(), "GPU-HOURS", "BUSY", "IDLE", "COST", "BUSY COST", "IDLE COST"),
-        ((line.key, *(f"{getattr(line, col):.2f}" for col in cols[1:])) for line in lines),
+        (by.upper(), "GPU-HOURS", "BUSY", "IDLE", "COST", "ON-PREM", "BURST", "BUSY COST", "IDLE COST"),
+        ((line.key, *(f"{getattr(line, col):.2f}" for col in _USAGE_TABLE)) for line in lines),
     )
+    if report.budgets:
+        print_table(
+            "burst budgets (spent, forecast: this month to now; rented, unused: the period)",
+            ("DEPARTMENT", "BUDGET/MONTH", "SPENT", "FORECAST", "RATE/HOUR", "RENTED", "UNUSED", "REFUSED"),
+            (_budget_cells(b) for b in report.budgets),
+        )
+
+
+_USAGE_COLUMNS = (
+    "key", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "cost", "busy_cost", "idle_cost", "on_prem_cost",
+    "burst_cost", "burst_gpu_hours",
+)  # fmt: skip
+"""The CSV's: those of earlier releases first, in their order."""
+_USAGE_TABLE = ("gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "cost", "on_prem_cost", "burst_cost", "busy_cost",
+                "idle_cost")  # fmt: skip
+
+
+def _money(dollars: float | None) -> str:
+    return "-" if dollars is None else f"${dollars:,.2f}"
+
+
+def _budget_cells(b: BudgetLine) -> tuple[str, ...]:
+    return (
+        b.department, _money(b.monthly_budget), _money(b.spent), _money(b.forecast), _money(b.rate_per_hour),
+        _money(b.rented_cost), _money(b.unused_cost), b.refused or "-",
+    )  # fmt: skip
 
 
 _RIGHTSIZING_COLUMNS = (

@@ -19,9 +19,10 @@ from prometheus_client import Histogram
 from sqlalchemy import inspect, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpupool.backends.base import Backend, LaunchSpec, Sample, VolumeSpec
+from gpupool.backends.base import Backend, LaunchSpec, Sample
 from gpupool.control.apply import act, persist, sequential
-from gpupool.control.clusters import Clusters, fleet_of
+from gpupool.control.burst import Bursting
+from gpupool.control.clusters import Clusters, FleetView, fleet_of
 from gpupool.control.estimates import Estimates
 from gpupool.control.foreign import GANG_TIMEOUT_S, Adoption
 from gpupool.control.loop import SchedulerLoop
@@ -29,20 +30,21 @@ from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.reconcile import reconcile
 from gpupool.control.usage import account
 from gpupool.control.view import WorkloadView
+from gpupool.control.volumes import volume_specs
+from gpupool.control.workdirs import collect_workdirs
 from gpupool.core import Decision, SchedulerConfig, schedule
 from gpupool.core.cycle import Observer
 from gpupool.core.placement.memo import Memo
 from gpupool.failpoints import failpoint
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.events import EventCode
-from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, LIVE, TERMINAL, AllocPhase
+from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, AllocPhase
 from gpupool.logs import current_cycle, cycle_context
-from gpupool.models.volumes import VolumeMount
 from gpupool.store import changes
 from gpupool.store.holdings import live_devices, still_held
 from gpupool.store.secrets import project_environment as secret_environment
 from gpupool.store.snapshot import build_snapshot
-from gpupool.store.tables import EventRow, NodeRow, QueueRow, VolumeRow, WorkloadRow
+from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
 
 try:  # traces are optional: without the API package there are none, and without an SDK its tracer is a no-op
     from opentelemetry import trace as otel_trace
@@ -77,6 +79,7 @@ class Controller:
         workdir_retention_s: float = WORKDIR_RETENTION_S,
         gang_timeout_s: float = GANG_TIMEOUT_S,
         cluster_down_after_s: float = 30.0,
+        bursting: Bursting | None = None,
     ) -> None:
         self.gang_timeout_s = gang_timeout_s
         self.sessions = sessions
@@ -120,6 +123,8 @@ class Controller:
         self.estimates = Estimates(sessions, self.config)
         self.clusters = Clusters(cluster_down_after_s)
         """The hub's spokes: their heartbeats, and the workloads of one that is down (where the backend is a fleet)."""
+        self.bursting = bursting
+        """Burst nodes rented for departments whose work waited too long (None: this hub never bursts)."""
         self.adoption = Adoption(gang_timeout_s=self.gang_timeout_s)
         """Pods gpupool did not make that name it as their scheduler (kubernetes), and their workloads."""
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-launch")
@@ -206,7 +211,8 @@ class Controller:
         sample = self.backend.sample()
         # A long gap (the server was down) is not charged to anyone: usage starts again from now.
         since = last if last is not None and now - last <= 3 * self.telemetry_interval_s else now
-        account(s, rows, sample, policies, nodes, since, now)
+        prices = None if self.bursting is None else self.bursting.view.prices
+        account(s, rows, sample, policies, nodes, since, now, burst_prices=prices)
         self._last_sample_at = now
         self.last_sample = sample
         self.last_sample_s = time.perf_counter() - started
@@ -297,6 +303,8 @@ class Controller:
                 unreachable = (lambda _: False) if fleet is None else fleet.unreachable
                 reconciled, ended = reconcile(loaded, observed, now, unreachable)
                 reconciled = moved + reconciled
+                if self.bursting is not None:
+                    reconciled += self.bursting.stops(loaded, now)
                 s.add_all(reconciled)
             rows = [r for r in loaded if r.state in ACTIVE and not r.hold]
             nodes = {n.name: n for n in s.scalars(select(NodeRow))}
@@ -307,6 +315,8 @@ class Controller:
                 s.add_all(enforced)
             with self._step("snapshot"):
                 snapshot = build_snapshot(s, self.view.workloads(rows), now)
+                if self.bursting is not None:
+                    snapshot = self.bursting.shape(s, snapshot)
             with self._step("schedule"):
                 decision = schedule(snapshot, self.config, observe=self._core_observer(), memo=self._memo)
             with self._step("persist"):
@@ -344,6 +354,10 @@ class Controller:
         with self._step("commit_events"):
             self._commit_checked(s, acting, [])
         self.adoption.explain(self.view, self.backend, self.sessions)
+        if self.bursting is not None and self.bursting.due(now):
+            began = time.perf_counter()
+            if self.bursting.step(s, snapshot, decision, by_id, _reached(fleet), self._commit, now):
+                self.step_seconds.labels("burst").observe(time.perf_counter() - began)  # only where it bursts
         if now >= self._next_collect:
             self._next_collect = now + COLLECT_EVERY_S
             collect_workdirs(s, self.backend, now - self.workdir_retention_s)
@@ -392,6 +406,14 @@ class Controller:
         return lost
 
 
+def _reached(fleet: FleetView | None) -> Callable[[str], bool]:
+    """Whether a cluster answered its last heartbeat (a hub without spokes reaches none)."""
+    if fleet is None:
+        return lambda _: False
+    health = fleet.spoke_health()
+    return lambda name: (h := health.get(name)) is not None and h.reached
+
+
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """A cycle makes and drops a few hundred thousand objects at 100,000 queued (the core's working state, the
@@ -422,49 +444,6 @@ def _unwrite(s: Session, row: WorkloadRow) -> None:
         if isinstance(obj, EventRow) and obj.workload_id == row.id:
             s.expunge(obj)
     s.refresh(row, [c.key for c in WorkloadRow.__mapper__.column_attrs])
-
-
-def collect_workdirs(s: Session, backend: Backend, ended_before: float) -> list[int]:
-    """Remove the working directories of workloads that ended before `ended_before` (or were deleted)."""
-    storage = backend.capabilities().storage
-    if storage is None:
-        return []
-    have = storage.workdir_ids()
-    done: list[int] = []
-    ended = [p.value for p in TERMINAL]
-    for i in range(0, len(have), 500):
-        query = select(WorkloadRow.id).where(
-            WorkloadRow.id.in_(have[i : i + 500]), WorkloadRow.state.in_(ended), WorkloadRow.finished_at < ended_before
-        )
-        for wid in s.scalars(query):
-            storage.collect_workdir(wid)
-            done.append(wid)
-    if done:
-        log.info("removed the working directories of %d finished workloads past their retention", len(done))
-    return done
-
-
-def volume_specs(
-    s: Session, rows: Iterable[WorkloadRow], projects: Mapping[int, str]
-) -> dict[int, tuple[VolumeSpec, ...]]:
-    """The volumes each live workload mounts, as its launches carry them (read only for those that mount any)."""
-    wanted = {r.id: r for r in rows if r.state in LIVE and (r.spec or {}).get("volumes")}
-    if not wanted:
-        return {}
-    project_ids = {r.project_id for r in wanted.values()}
-    found = {
-        (v.project_id, v.name): v for v in s.scalars(select(VolumeRow).where(VolumeRow.project_id.in_(project_ids)))
-    }
-    out: dict[int, tuple[VolumeSpec, ...]] = {}
-    for wid, row in wanted.items():
-        specs = []
-        for raw in (row.spec or {}).get("volumes") or []:
-            m = VolumeMount.model_validate(raw)
-            v = found.get((row.project_id, m.name))
-            if v is not None:  # deleted since (refused while it is mounted): its launch goes without
-                specs.append(VolumeSpec(v.id, projects[row.project_id], v.name, m.path, v.size_bytes, m.read_only))
-        out[wid] = tuple(specs)
-    return out
 
 
 def log_outcome(events: Iterable[EventRow], rows: Mapping[int, WorkloadRow], projects: Mapping[int, str]) -> None:

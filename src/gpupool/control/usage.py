@@ -23,9 +23,13 @@ def account(
     nodes: Mapping[str, NodeRow],
     since: float,
     now: float,
+    *,
+    burst_prices: Mapping[str, int] | None = None,
 ) -> None:
     """Charge the interval [since, now) to every running workload: allocated milli-GPU-seconds, and the busy
-    part by its sampled utilisation; start or clear its idle clock."""
+    part by its sampled utilisation; start or clear its idle clock. `burst_prices`: the rented (burst) nodes, by
+    name, and their price in micro-dollars per GPU-hour: a workload there is charged at that price, as its first
+    member's node says (a minute's row keeps the price it was written with)."""
     dt = max(0.0, now - since)
     minute = int(now // 60)
     charged = {u.workload_id: u for u in usage_rows(session, [r.id for r in rows if r.state in LIVE], minute)}
@@ -62,7 +66,7 @@ def account(
         if usage is None:
             usage = UsageRow(
                 workload_id=row.id, minute=minute, pool=node.pool if node else "", milli_seconds=0.0,
-                busy_milli_seconds=0.0,
+                busy_milli_seconds=0.0, burst_price_micro=(burst_prices or {}).get(allocs[0].node),
             )  # fmt: skip
             session.add(usage)
         usage.milli_seconds += milli * dt

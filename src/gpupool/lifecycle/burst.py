@@ -7,46 +7,9 @@ idempotent); a node with no row was never asked for."""
 
 from __future__ import annotations
 
-from enum import StrEnum
-
+from gpupool.lifecycle.phases import BurstEnd, BurstPhase
 from gpupool.lifecycle.transitions import IllegalTransition
 from gpupool.store.tables import BurstNodeRow
-
-
-class BurstPhase(StrEnum):
-    ASKING = "asking"
-    """Written before the ask: the provider may not have it yet."""
-    PROVISIONING = "provisioning"
-    """The provider has the request; no node yet."""
-    READY = "ready"
-    """Provisioned, and a node of the cluster is attributed to it."""
-    RELEASING = "releasing"
-    """Written before it is given back: the provider may still have it."""
-    RELEASED = "released"
-    """The provider confirmed it gone; billing has ended."""
-
-
-class BurstEnd(StrEnum):
-    """Why a burst node is given back."""
-
-    IDLE = "idle"
-    """Empty for its pool's idle time."""
-    BUDGET = "budget"
-    """Drained by its department's budget, and empty."""
-    FAILED = "failed"
-    """The provider could not provision it."""
-    REVOKED = "revoked"
-    """The provider took the capacity back."""
-    LOST = "lost"
-    """Its node left the cluster."""
-    UNWANTED = "unwanted"
-    """Its department or cluster no longer bursts (settings changed, or the cluster was removed)."""
-
-
-HELD = frozenset({BurstPhase.ASKING, BurstPhase.PROVISIONING, BurstPhase.READY})
-"""Asked for and not given back: billed, and counted against its pool's size and its department's budget."""
-OPEN = HELD | {BurstPhase.RELEASING}
-"""Still to be followed with the provider."""
 
 _NEXT: dict[BurstPhase, frozenset[BurstPhase]] = {
     BurstPhase.ASKING: frozenset({BurstPhase.PROVISIONING, BurstPhase.RELEASING}),

@@ -70,6 +70,8 @@ def stop_cause(reason: str | None, args: Mapping[str, Any]) -> str:
         return f"node {args.get('node', '?')} was lost"
     if reason == StopReason.CLUSTER_LOST:
         return f"cluster {args.get('cluster', '?')} was down for {duration(args.get('down_s', 0))}; requeued elsewhere"
+    if reason == StopReason.BURST_BUDGET:
+        return f"department {args.get('department', '?')} reached its burst budget"
     if "detail" in args:
         return f"{reason}: {args['detail']}"
     return str(args.get("text", reason or "stopped"))

@@ -1,4 +1,5 @@
-"""Workload and allocation phases, and the reasons a workload waits or stops. Persisted as their string values."""
+"""Workload, allocation and burst-node phases, and the reasons a workload waits or stops. Persisted as their string
+values."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ class StopReason(StrEnum):
     CLUSTER_LOST = "cluster-lost"
     """Its cluster stayed down past the workload's policy: requeued elsewhere (what ran there is stopped if the
     cluster comes back)."""
+    BURST_BUDGET = "burst-budget"
+    """It ran on a rented node whose department's spending reached its burst budget: requeued (with its last
+    checkpoint), so the node empties and goes back."""
     MEMBER_FAILED = "failed"
     """One member exited non-zero: the rest of the gang cannot go on without it."""
     IDLE = "idle"
@@ -75,6 +79,7 @@ REQUEUES = frozenset(
         StopReason.GANG_BROKEN,
         StopReason.NODE_LOST,
         StopReason.CLUSTER_LOST,
+        StopReason.BURST_BUDGET,
     }
 )
 """Not the workload's doing: it goes back in the queue in its old place."""
@@ -134,3 +139,39 @@ class AttemptOutcome(StrEnum):
     STOPPED = "stopped"
     """Stopped by a policy: idle or over its runtime."""
     CANCELLED = "cancelled"
+
+
+class BurstPhase(StrEnum):
+    ASKING = "asking"
+    """Written before the ask: the provider may not have it yet."""
+    PROVISIONING = "provisioning"
+    """The provider has the request; no node yet."""
+    READY = "ready"
+    """Provisioned, and a node of the cluster is attributed to it."""
+    RELEASING = "releasing"
+    """Written before it is given back: the provider may still have it."""
+    RELEASED = "released"
+    """The provider confirmed it gone; billing has ended."""
+
+
+class BurstEnd(StrEnum):
+    """Why a burst node is given back."""
+
+    IDLE = "idle"
+    """Empty for its pool's idle time."""
+    BUDGET = "budget"
+    """Drained by its department's budget, and empty."""
+    FAILED = "failed"
+    """The provider could not provision it."""
+    REVOKED = "revoked"
+    """The provider took the capacity back."""
+    LOST = "lost"
+    """Its node left the cluster."""
+    UNWANTED = "unwanted"
+    """Its department or cluster no longer bursts (settings changed, or the cluster was removed)."""
+
+
+HELD = frozenset({BurstPhase.ASKING, BurstPhase.PROVISIONING, BurstPhase.READY})
+"""Asked for and not given back: billed, and counted against its pool's size and its department's budget."""
+OPEN = HELD | {BurstPhase.RELEASING}
+"""Still to be followed with the provider."""

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from gpupool.lifecycle.phases import BurstEnd, BurstPhase
 from gpupool.models.wire import Name, Reply, Wire
 
 CLUSTER_LOST_AFTER_S = 900.0
@@ -84,6 +85,10 @@ class DepartmentBurstSet(Wire):
 
     after_s: float | None = Field(None, ge=0, le=30 * 86400, allow_inf_nan=False)
     monthly_budget: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False, description="Dollars a month.")
+    paced: bool = Field(True, description="The budget accrues evenly over the month; false: all of it from day one.")
+    stop_at_budget: bool = Field(
+        True, description="Work on its rented nodes is stopped once the budget is spent; false: it runs to its end."
+    )
 
 
 class DepartmentBurstPublic(Reply):
@@ -91,6 +96,18 @@ class DepartmentBurstPublic(Reply):
     after_s: float | None
     monthly_budget: float | None
     """Dollars a month; null: it never bursts."""
+    paced: bool = True
+    stop_at_budget: bool = True
+    spent: float = 0.0
+    """Dollars billed this calendar month (UTC) to now, for every node rented for it, busy or idle."""
+    forecast: float = 0.0
+    """Dollars the month comes to at this month's pace so far (spent × month length / time elapsed)."""
+    rate_per_hour: float = 0.0
+    """Dollars an hour the nodes it holds now cost."""
+    nodes: int = 0
+    """Rented nodes it holds now: asked for, provisioning or ready."""
+    refused: str | None = None
+    """Why its waiting work got no burst node at the hub's last try: over-budget or pools-full; null: it did."""
 
 
 class ClusterCreate(Wire):
@@ -125,11 +142,32 @@ class ClusterPublic(Reply):
     """Live workloads with members there."""
 
 
+class BurstNodePublic(Reply):
+    """A node rented from a burst cluster: one ProvisioningRequest, who pays for it and what it has cost."""
+
+    name: str
+    """Its ProvisioningRequest's name."""
+    department: str
+    phase: BurstPhase
+    node: str | None = None
+    gpus: int
+    price_per_gpu_hour: float
+    asked_at: float
+    ready_at: float | None = None
+    released_at: float | None = None
+    end_reason: BurstEnd | None = None
+    message: str | None = None
+    cost: float
+    """Dollars from its ask to its release (or now)."""
+
+
 class ClusterDetail(ClusterPublic):
     pools: list[str] = Field(default_factory=list)
     node_names: list[str] = Field(default_factory=list)
     running: list[str] = Field(default_factory=list)
     """The live workloads with members there, as `project/name`."""
+    burst_nodes: list[BurstNodePublic] = Field(default_factory=list)
+    """A burst cluster's rented nodes: those not given back, and those given back in the last day (newest first)."""
 
 
 class ClusterDrain(Wire):

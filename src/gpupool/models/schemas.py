@@ -101,8 +101,37 @@ class UsageLine(Reply):
     busy_gpu_hours: float
     idle_gpu_hours: float
     cost: float
+    """Dollars: on_prem_cost + burst_cost."""
     busy_cost: float
     idle_cost: float
+    on_prem_cost: float = 0.0
+    """Dollars of the usage on the fleet's own nodes, at its pool's price (the server's `prices`)."""
+    burst_cost: float = 0.0
+    """Dollars of the usage on rented (burst) nodes, at the price each node was rented at."""
+    burst_gpu_hours: float = 0.0
+    """The part of gpu_hours on rented nodes."""
+
+
+class BudgetLine(Reply):
+    """A department's burst spending: its calendar month (UTC) to now, and the report's period."""
+
+    department: str
+    monthly_budget: float | None
+    """Dollars a month; null: it never bursts."""
+    spent: float
+    """Dollars billed this month to now: every rented node from its ask to its release, busy or idle."""
+    forecast: float
+    """Dollars the month comes to at this month's pace so far: spent × month length / time elapsed."""
+    rate_per_hour: float
+    """Dollars an hour the nodes it holds now cost (those not given back yet)."""
+    rented_gpu_hours: float
+    """GPU-hours of rented nodes within the report's period (to now at most)."""
+    rented_cost: float
+    """Dollars billed for them within the period."""
+    unused_cost: float
+    """rented_cost less the burst cost of its projects' usage in the period (not below 0): rented, never used."""
+    refused: str | None
+    """Why its waiting work got no burst node at the hub's last try: over-budget or pools-full; null: it did."""
 
 
 class UsageReport(Reply):
@@ -111,6 +140,8 @@ class UsageReport(Reply):
     by: Literal["department", "project", "user", "workload"]
     lines: list[UsageLine]
     total: UsageLine
+    budgets: list[BudgetLine] = Field(default_factory=list)
+    """One line per department the caller sees that has a burst budget or a bill in the period."""
 
 
 CODE_DESCRIPTION = (

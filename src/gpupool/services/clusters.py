@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from gpupool.lifecycle.phases import LIVE, AllocPhase
+from gpupool.lifecycle.phases import LIVE, AllocPhase, BurstEnd, BurstPhase
 from gpupool.models.clusters import (
     MICRO,
+    BurstNodePublic,
     BurstPublic,
     BurstSettings,
     ClusterCreate,
@@ -28,7 +29,8 @@ from gpupool.models.clusters import (
 from gpupool.services import audit
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Invalid, NotFound
-from gpupool.store.tables import AllocationRow, ClusterRow, NodeRow, QueueRow, WorkloadRow
+from gpupool.store.burst_bills import spent_micro
+from gpupool.store.tables import AllocationRow, BurstNodeRow, ClusterRow, NodeRow, QueueRow, WorkloadRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +119,9 @@ def list_clusters(session: Session, who: Principal, home: Home) -> list[ClusterP
     return [_public(home.name, None, home, t)] + [_public(r.name, r, home, t) for r in rows]
 
 
-def describe(session: Session, who: Principal, home: Home, name: str) -> ClusterDetail:
+def describe(session: Session, who: Principal, home: Home, name: str, now: float | None = None) -> ClusterDetail:
     who.require_admin()
+    now = time.time() if now is None else now
     row = _row(session, home, name)
     t = _tally(session, home)
     return ClusterDetail(
@@ -126,7 +129,32 @@ def describe(session: Session, who: Principal, home: Home, name: str) -> Cluster
         pools=sorted(t.pools.get(name, ())),
         node_names=t.node_names.get(name, []),
         running=sorted(t.running.get(name, ())),
+        burst_nodes=_burst_nodes(session, name, now),
     )
+
+
+RECENT_S = 86400.0
+"""How long a burst node given back is still shown with its cluster."""
+
+
+def _burst_nodes(session: Session, cluster: str, now: float) -> list[BurstNodePublic]:
+    query = (
+        select(BurstNodeRow)
+        .where(BurstNodeRow.cluster == cluster)
+        .where(or_(BurstNodeRow.released_at.is_(None), BurstNodeRow.released_at >= now - RECENT_S))
+        .order_by(BurstNodeRow.asked_at.desc(), BurstNodeRow.name)
+        .limit(100)
+    )
+    return [_burst_node(r, now) for r in session.scalars(query)]
+
+
+def _burst_node(r: BurstNodeRow, now: float) -> BurstNodePublic:
+    return BurstNodePublic(
+        name=r.name, department=r.department, phase=BurstPhase(r.phase), node=r.node, gpus=r.gpus,
+        price_per_gpu_hour=r.price_micro / MICRO, asked_at=r.asked_at, ready_at=r.ready_at,
+        released_at=r.released_at, end_reason=BurstEnd(r.end_reason) if r.end_reason else None, message=r.message,
+        cost=spent_micro([r], r.asked_at, now) / MICRO,
+    )  # fmt: skip
 
 
 def _row(session: Session, home: Home, name: str) -> ClusterRow | None:

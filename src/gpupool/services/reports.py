@@ -1,16 +1,21 @@
-"""Usage and cost over a period: allocated GPU-hours, split into busy and idle by sampled utilisation."""
+"""Usage and cost over a period: allocated GPU-hours, split into busy and idle by sampled utilisation, and their
+cost split into on-premises (priced per pool) and burst (at the rented node's price); with the burst budget lines
+of the departments the caller sees."""
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.models.clusters import MICRO
 from gpupool.models.schemas import UsageLine, UsageReport
 from gpupool.models.wire import UNIX_MAX, UNIX_MIN
 from gpupool.services.auth import Principal
+from gpupool.services.burst_costs import budget_lines
 from gpupool.services.errors import Invalid
 from gpupool.store.tables import QueueRow, UsageRow, UserRow, WorkloadRow
 
@@ -25,8 +30,17 @@ def check_instants(**instants: float) -> None:
 
 
 def usage(
-    session: Session, who: Principal, start: float, end: float, by: str, prices: Mapping[str, float]
+    session: Session,
+    who: Principal,
+    start: float,
+    end: float,
+    by: str,
+    prices: Mapping[str, float],
+    now: float | None = None,
 ) -> UsageReport:
+    """Usage on the fleet's own nodes is priced by its pool (`prices`, dollars per GPU-hour), usage on rented
+    (burst) nodes at the price each node was rented at; the budget lines are burst_costs.budget_lines, as of
+    `now` (the server's clock)."""
     check_instants(start=start, end=end)
     if end <= start:
         raise Invalid("the period is empty: 'to' must be after 'from'")
@@ -40,30 +54,50 @@ def usage(
         .where(UsageRow.minute >= int(start // 60), UsageRow.minute < int(-(-end // 60)))
     )
     sums: dict[str, list[float]] = {}
+    burst_used: dict[str, float] = {}  # dollars of burst usage by department, whoever may read its projects
     for usage_row, project_id, owner_id, name in rows:
+        project = queues[project_id]
+        department = queues[project.parent_id].name if project.parent_id in queues else "(none)"
+        burst_price = usage_row.burst_price_micro
+        if burst_price is not None:
+            used = usage_row.milli_seconds * burst_price / MICRO / _HOUR
+            burst_used[department] = burst_used.get(department, 0.0) + used
         if not who.can_read(project_id):
             continue
-        project = queues[project_id]
         if by == "project":
             key = project.name
         elif by == "department":
-            key = queues[project.parent_id].name if project.parent_id in queues else "(none)"
+            key = department
         elif by == "user":
             key = users.get(owner_id, "?")
         else:
             key = f"{project.name}/{name}"
-        price = prices.get(usage_row.pool, 0.0)
-        acc = sums.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+        # allocated, busy, allocated on burst nodes; then those × dollars per GPU-hour: on-premises, busy of it,
+        # burst, busy of it
+        acc = sums.setdefault(key, [0.0] * 7)
         acc[0] += usage_row.milli_seconds
         acc[1] += usage_row.busy_milli_seconds
-        acc[2] += usage_row.milli_seconds * price
-        acc[3] += usage_row.busy_milli_seconds * price
+        if burst_price is None:
+            price = prices.get(usage_row.pool, 0.0)
+            acc[3] += usage_row.milli_seconds * price
+            acc[4] += usage_row.busy_milli_seconds * price
+        else:
+            price = burst_price / MICRO
+            acc[2] += usage_row.milli_seconds
+            acc[5] += usage_row.milli_seconds * price
+            acc[6] += usage_row.busy_milli_seconds * price
     lines = [_line(key, *acc) for key, acc in sorted(sums.items())]
-    total = _line("total", *(sum(acc[i] for acc in sums.values()) for i in range(4)))
-    return UsageReport(start=start, end=end, by=by, lines=lines, total=total)
+    total = _line("total", *(sum(acc[i] for acc in sums.values()) for i in range(7)))
+    budgets = budget_lines(session, who, start, end, time.time() if now is None else now, burst_used)
+    return UsageReport(start=start, end=end, by=by, lines=lines, total=total, budgets=budgets)
 
 
-def _line(key: str, allocated: float, busy: float, cost: float, busy_cost: float) -> UsageLine:
+def _line(
+    key: str, allocated: float, busy: float, burst_allocated: float, on_prem: float, on_prem_busy: float,
+    burst: float, burst_busy: float,
+) -> UsageLine:  # fmt: skip
+    """From milli-GPU-seconds, and those × dollars per GPU-hour."""
+    cost, busy_cost = on_prem + burst, on_prem_busy + burst_busy
     return UsageLine(
         key=key,
         gpu_hours=round(allocated / _HOUR, 6),
@@ -72,4 +106,7 @@ def _line(key: str, allocated: float, busy: float, cost: float, busy_cost: float
         cost=round(cost / _HOUR, 4),
         busy_cost=round(busy_cost / _HOUR, 4),
         idle_cost=round((cost - busy_cost) / _HOUR, 4),
+        on_prem_cost=round(on_prem / _HOUR, 4),
+        burst_cost=round(burst / _HOUR, 4),
+        burst_gpu_hours=round(burst_allocated / _HOUR, 6),
     )

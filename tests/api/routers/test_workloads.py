@@ -330,9 +330,10 @@ async def test_a_usage_report_of_a_quiet_period_has_no_lines(http: httpx.AsyncCl
     r = await http.get("/api/v1/reports/usage", params={"start": 0, "end": 3600, "by": "user"},
                        headers=make.admin.auth)  # fmt: skip
     zero = {"gpu_hours": 0.0, "busy_gpu_hours": 0.0, "idle_gpu_hours": 0.0, "cost": 0.0, "busy_cost": 0.0,
-            "idle_cost": 0.0}  # fmt: skip
+            "idle_cost": 0.0, "on_prem_cost": 0.0, "burst_cost": 0.0, "burst_gpu_hours": 0.0}  # fmt: skip
     assert (r.status_code, r.json()) == (
-        200, {"start": 0.0, "end": 3600.0, "by": "user", "lines": [], "total": {"key": "total", **zero}},
+        200,
+        {"start": 0.0, "end": 3600.0, "by": "user", "lines": [], "total": {"key": "total", **zero}, "budgets": []},
     )  # fmt: skip
 
 

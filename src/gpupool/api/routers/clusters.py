@@ -40,7 +40,7 @@ def add_cluster(body: ClusterCreate, session: SessionDep, ctx: ContextDep, who: 
 
 @router.get("/clusters/{name}", response_model=ClusterDetail)
 def describe_cluster(name: str, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> ClusterDetail:
-    return clusters.describe(session, who, _home(ctx), name)
+    return clusters.describe(session, who, _home(ctx), name, ctx.controller.clock())
 
 
 @router.post("/clusters/{name}/drain", response_model=ClusterPublic)
@@ -60,14 +60,15 @@ def remove_cluster(name: str, session: SessionDep, ctx: ContextDep, who: Current
 
 
 @router.get("/departments/{name}/burst", response_model=DepartmentBurstPublic)
-def get_department_burst(name: str, session: SessionDep, who: CurrentUser) -> DepartmentBurstPublic:
-    """Admins and the department's admins."""
-    return burst.get(session, who, name)
+def get_department_burst(name: str, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> DepartmentBurstPublic:
+    """Whoever sees the department: its settings, and what its rented nodes cost this month."""
+    return burst.get(session, who, name, ctx.controller.clock())
 
 
 @router.put("/departments/{name}/burst", response_model=DepartmentBurstPublic)
 def set_department_burst(
-    name: str, body: DepartmentBurstSet, session: SessionDep, who: CurrentUser
+    name: str, body: DepartmentBurstSet, session: SessionDep, ctx: ContextDep, who: CurrentUser
 ) -> DepartmentBurstPublic:
-    """Admins only: when the department's waiting work may rent burst capacity, and within what monthly budget."""
-    return burst.set_burst(session, who, name, body)
+    """Admins only: when the department's waiting work may rent burst capacity, within what monthly budget, paced
+    or not, and whether its work stops at the budget."""
+    return burst.set_burst(session, who, name, body, ctx.controller.clock())

@@ -158,7 +158,7 @@ def usage_report(
     end: UnixQ,
     by: Annotated[str, Query(pattern="^(department|project|user|workload)$")] = "project",
 ) -> UsageReport:
-    return reports.usage(session, who, start, end, by, ctx.settings.prices)
+    return reports.usage(session, who, start, end, by, ctx.settings.prices, ctx.controller.clock())
 
 
 @router.get("/workloads/{ref}/logs", response_class=Response)

@@ -18,6 +18,10 @@ BEST_EFFORT = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 NAMESPACE = "gpupool-burst"
 MANAGED = "gpupool.io/managed"
 DEPARTMENT = "gpupool.io/department"
+REQUEST = "gpupool.io/burst-request"
+"""The label gpupool puts on a node it attributes to a request: the cluster says which node each request became."""
+TIMEOUT_S = 10.0
+"""Each call's limit: an unreachable cluster delays the hub's burst step by this much at most, not indefinitely."""
 
 
 class ProvisioningState(StrEnum):
@@ -94,13 +98,21 @@ class BurstProvider(Protocol):
 
     def list(self) -> dict[str, Provisioning]: ...
 
-    def give_back(self, name: str) -> None: ...
+    def claim(self, name: str, node: str) -> None:
+        """Mark `node` (the cluster's own name for it) as what request `name` became."""
+        ...
+
+    def give_back(self, name: str, node: str | None = None) -> None:
+        """Give the request's capacity back; `node`, where one was attributed, takes no new work first."""
+        ...
 
 
 class Provisioner:
     """ProvisioningRequests in one cluster, in their own namespace, through its API client (a BurstProvider)."""
 
-    def __init__(self, api_client: Any, namespace: str = NAMESPACE, class_name: str = BEST_EFFORT) -> None:
+    def __init__(
+        self, api_client: Any, namespace: str = NAMESPACE, class_name: str = BEST_EFFORT, timeout_s: float = TIMEOUT_S
+    ) -> None:
         from kubernetes import client
 
         self._errors = client.exceptions.ApiException
@@ -108,11 +120,13 @@ class Provisioner:
         self.custom: Any = client.CustomObjectsApi(api_client)
         self.namespace = namespace
         self.class_name = class_name
+        self.timeout = timeout_s
 
     def ask(self, name: str, nodes: int, department: str, template: dict[str, Any]) -> None:
         """Ask for `nodes` nodes shaped like `template` (pod_template) for a department; done already is done."""
-        self._exists(lambda: self.core.create_namespace({"metadata": {"name": self.namespace}}))
-        self._exists(lambda: self.core.create_namespaced_pod_template(self.namespace, template))
+        t = self.timeout
+        self._exists(lambda: self.core.create_namespace({"metadata": {"name": self.namespace}}, _request_timeout=t))
+        self._exists(lambda: self.core.create_namespaced_pod_template(self.namespace, template, _request_timeout=t))
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "ProvisioningRequest",
@@ -122,11 +136,15 @@ class Provisioner:
                 "podSets": [{"podTemplateRef": {"name": template["metadata"]["name"]}, "count": nodes}],
             },
         }
-        self._exists(lambda: self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body))
+        self._exists(
+            lambda: self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, body, _request_timeout=t
+            )
+        )
 
     def list(self) -> dict[str, Provisioning]:
         found = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, label_selector=f"{MANAGED}=true"
+            GROUP, VERSION, self.namespace, PLURAL, label_selector=f"{MANAGED}=true", _request_timeout=self.timeout
         )
         out = {}
         for obj in found.get("items", []):
@@ -139,10 +157,23 @@ class Provisioner:
             )  # fmt: skip
         return out
 
-    def give_back(self, name: str) -> None:
-        """Delete the request and its pod template: the autoscaler removes the nodes once they are empty."""
-        self._gone(lambda: self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name))
-        self._gone(lambda: self.core.delete_namespaced_pod_template(template_name(name), self.namespace))
+    def claim(self, name: str, node: str) -> None:
+        self.core.patch_node(node, {"metadata": {"labels": {REQUEST: name}}}, _request_timeout=self.timeout)
+
+    def give_back(self, name: str, node: str | None = None) -> None:
+        """Cordon the node it became (so nothing lands on it while the autoscaler removes it), then delete the
+        request and its pod template. A node already gone, or a request, is given back already."""
+        t = self.timeout
+        if node is not None:
+            self._gone(lambda: self.core.patch_node(node, {"spec": {"unschedulable": True}}, _request_timeout=t))
+        self._gone(
+            lambda: self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=t
+            )
+        )
+        self._gone(
+            lambda: self.core.delete_namespaced_pod_template(template_name(name), self.namespace, _request_timeout=t)
+        )
 
     def _exists(self, call: Any) -> None:
         try:

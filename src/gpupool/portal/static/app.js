@@ -1,6 +1,6 @@
 // gpupool's portal: a few pages over the same API the CLI uses, with the caller's own token and rights.
 // Everything shown that came from a user goes through text nodes or esc(), never raw HTML.
-import { barChart, lineChart } from "./charts.js";
+import { barChart, budgetChart, lineChart } from "./charts.js";
 import { QUEUED, TERMINAL, Stale, adviceLine, age, api, call, el, esc, flagged, fmt, main, pageOf, ref, show, state, viaPortal } from "./core.js";
 import { workloadPage } from "./workload.js";
 
@@ -387,15 +387,31 @@ async function costsPage(mine) {
     const by = sec.querySelector("[name=by]").value;
     const r = await api(`/api/v1/reports/usage?start=${start}&end=${end}&by=${by}`);
     const box = sec.querySelector("#report");
-    const table = el(`<table id="costs"><thead><tr><th>${esc(by)}</th><th>GPU-hours</th><th>busy</th><th>idle</th><th>cost</th><th>busy cost</th><th>idle cost</th></tr></thead><tbody>
-      ${[...r.lines, r.total].map((l) => `<tr><td>${esc(l.key)}</td><td>${fmt(l.gpu_hours, 3)}</td><td>${fmt(l.busy_gpu_hours, 3)}</td><td>${fmt(l.idle_gpu_hours, 3)}</td><td>${fmt(l.cost)}</td><td>${fmt(l.busy_cost)}</td><td>${fmt(l.idle_cost)}</td></tr>`).join("")}</tbody></table>`);
+    const table = el(`<table id="costs"><thead><tr><th>${esc(by)}</th><th>GPU-hours</th><th>busy</th><th>idle</th><th>cost</th><th>on-premises</th><th>burst</th><th>busy cost</th><th>idle cost</th></tr></thead><tbody>
+      ${[...r.lines, r.total].map((l) => `<tr data-key="${esc(l.key)}"><td>${esc(l.key)}</td><td>${fmt(l.gpu_hours, 3)}</td><td>${fmt(l.busy_gpu_hours, 3)}</td><td>${fmt(l.idle_gpu_hours, 3)}</td><td>${fmt(l.cost)}</td><td>${fmt(l.on_prem_cost)}</td><td>${fmt(l.burst_cost)}</td><td>${fmt(l.busy_cost)}</td><td>${fmt(l.idle_cost)}</td></tr>`).join("")}</tbody></table>`);
     box.replaceChildren(table, barChart(r.lines, [
+      { label: "on-premises cost", color: "#1f9d55", get: (l) => l.on_prem_cost },
+      { label: "burst cost", color: "#2b6cb0", get: (l) => l.burst_cost },
+    ]), barChart(r.lines, [
       { label: "busy GPU-hours", color: "#1f9d55", get: (l) => l.busy_gpu_hours },
       { label: "idle-allocated GPU-hours", color: "#e0a100", get: (l) => l.idle_gpu_hours },
-    ]));
+    ]), budgetsSection(r.budgets || []));
   };
   sec.querySelectorAll("select").forEach((s) => { s.onchange = draw; });
   await draw();
+}
+
+const dollars = (x) => (x === null || x === undefined ? "–" : `$${fmt(x)}`);
+
+// Each department's burst spending this month against its budget, and what it rented in the period unused.
+function budgetsSection(budgets) {
+  const sec = el(`<div id="budgets"><h3>Burst budgets</h3>
+    <p class="reason">Rented nodes are billed from the ask to their release, busy or idle. Spent and forecast: this calendar month (UTC) to now, the forecast at this month's pace; rented and unused: the period above.</p>
+    <table><thead><tr><th>Department</th><th>Budget a month</th><th>Spent</th><th>Forecast</th><th>Per hour now</th><th>Rented</th><th>Unused</th><th>Refused</th></tr></thead><tbody>
+    ${budgets.map((b) => `<tr data-department="${esc(b.department)}"><td>${esc(b.department)}</td><td>${dollars(b.monthly_budget)}</td><td>${dollars(b.spent)}</td><td>${dollars(b.forecast)}</td><td>${dollars(b.rate_per_hour)}</td><td>${dollars(b.rented_cost)}</td><td>${dollars(b.unused_cost)}</td><td>${esc(b.refused ?? "–")}</td></tr>`).join("")
+      || `<tr><td colspan="8" class="reason">No department you see has a burst budget or rented nodes in this period.</td></tr>`}</tbody></table></div>`);
+  if (budgets.length) sec.append(budgetChart(budgets));
+  return sec;
 }
 
 // ---- routing ---------------------------------------------------------------------------------------------

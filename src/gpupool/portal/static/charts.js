@@ -42,3 +42,22 @@ export function barChart(rows, bars, { width = WIDTH } = {}) {
   return el(`<div><svg viewBox="0 0 ${width} ${h}" width="100%" role="img">${body}</svg>
     <div class="legend">${bars.map((b) => `<i style="background:${b.color}"></i>${esc(b.label)}`).join("")}</div></div>`);
 }
+
+// Each department's burst spending this month against its budget: spent (solid) over the month's forecast at its
+// pace (pale), the budget a red mark. lines: the usage report's budget lines.
+export function budgetChart(lines, { width = WIDTH } = {}) {
+  const max = Math.max(0.0001, ...lines.map((b) => Math.max(b.spent, b.forecast, b.monthly_budget ?? 0)));
+  const scale = (x) => (x / max) * (width - 480); // room on the right for the figures
+  const h = 26 * lines.length + 10;
+  const body = lines.map((b, i) => {
+    const y = i * 26 + 4;
+    const mark = b.monthly_budget === null ? "" : `<line class="budget" x1="${160 + scale(b.monthly_budget)}" x2="${160 + scale(b.monthly_budget)}" y1="${y - 3}" y2="${y + 21}" stroke="#c0392b" stroke-width="2"/>`;
+    const over = b.monthly_budget !== null && b.forecast > b.monthly_budget ? " over budget" : "";
+    return `<g data-department="${esc(b.department)}"><text x="4" y="${y + 13}">${esc(b.department)}</text>
+      <rect class="forecast" x="160" y="${y}" width="${scale(b.forecast)}" height="18" fill="#c7d7f5"/>
+      <rect class="spent" x="160" y="${y}" width="${scale(b.spent)}" height="18" fill="#2b6cb0"/>${mark}
+      <text x="${160 + scale(Math.max(b.forecast, b.monthly_budget ?? 0)) + 6}" y="${y + 13}">$${fmt(b.spent)} of ${b.monthly_budget === null ? "no budget" : `$${fmt(b.monthly_budget)}`}, forecast $${fmt(b.forecast)}${over}</text></g>`;
+  }).join("");
+  return el(`<div class="budget-chart"><svg viewBox="0 0 ${width} ${h}" width="100%" role="img">${body}</svg>
+    <div class="legend"><i style="background:#2b6cb0"></i>spent this month<i style="background:#c7d7f5"></i>forecast at this pace<i style="background:#c0392b"></i>monthly budget</div></div>`);
+}
