@@ -73,6 +73,9 @@ def cluster_add(
         float, typer.Option("--burst-idle", parser=duration_flag, help="Idle this long, a node is given back (10m).")
     ] = 600.0,
     burst_node_gpus: Annotated[int, typer.Option("--burst-node-gpus", help="GPUs of one node it adds.")] = 8,
+    burst_gpu_model: Annotated[
+        str | None, typer.Option("--burst-gpu-model", help="Its nodes' GPU model, for work that names models.")
+    ] = None,
     output: Output = OutputOpt,
 ) -> None:
     """Add a spoke (admins only): the hub reads its nodes from its next heartbeat and schedules work there. With
@@ -90,7 +93,7 @@ def cluster_add(
         try:
             burst = BurstSettings(
                 price_per_gpu_hour=burst_price, max_gpus=burst_max_gpus, delay_s=burst_delay,
-                idle_release_s=burst_idle, node_gpus=burst_node_gpus,
+                idle_release_s=burst_idle, node_gpus=burst_node_gpus, gpu_model=burst_gpu_model,
             )  # fmt: skip
         except ValidationError as e:
             fail("; ".join(f"--burst-{'-'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()), 2)
@@ -124,8 +127,9 @@ def cluster_describe(name: str, output: Output = OutputOpt) -> None:
     print(f"Cluster:    {d.name} ({_kind(d)})")
     if d.burst is not None:
         b = d.burst
-        print(f"Burst:      up to {b.max_gpus} GPUs in nodes of {b.node_gpus}, ready {duration(b.delay_s)} after the "
-              f"ask, given back after {duration(b.idle_release_s)} idle")  # fmt: skip
+        model = f" {b.gpu_model}" if b.gpu_model else ""
+        print(f"Burst:      up to {b.max_gpus} GPUs in nodes of {b.node_gpus}{model}, ready {duration(b.delay_s)} "
+              f"after the ask, given back after {duration(b.idle_release_s)} idle")  # fmt: skip
     print(f"Status:     {_status(d)}")
     if d.last_seen_at is not None:
         print(f"Last seen:  {duration(max(0.0, time.time() - d.last_seen_at))} ago")

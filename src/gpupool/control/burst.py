@@ -245,7 +245,7 @@ def _pool(c: ClusterRow) -> BurstPool:
     b = c.burst or {}
     return BurstPool(
         c.name, int(b["price_micro"]), float(b["delay_s"]), int(b["max_gpus"]), int(b["node_gpus"]),
-        float(b["idle_release_s"]), cluster=c.name,
+        float(b["idle_release_s"]), gpu_model=str(b.get("gpu_model") or ""), cluster=c.name,
     )  # fmt: skip
 
 

@@ -69,6 +69,10 @@ class BurstSettings(Wire):
     idle_release_s: float = Field(
         600.0, ge=0, le=7 * 86400, allow_inf_nan=False, description="Idle this long, a node is given back."
     )
+    gpu_model: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$",
+        description="The GPU model its nodes have, as nodes report it: work that names GPU models bursts only here.",
+    )  # fmt: skip
 
 
 class BurstPublic(Reply):
@@ -77,6 +81,7 @@ class BurstPublic(Reply):
     max_gpus: int
     node_gpus: int
     idle_release_s: float
+    gpu_model: str | None = None
 
 
 class DepartmentBurstSet(Wire):

@@ -101,7 +101,7 @@ def _burst_public(stored: dict[str, Any]) -> BurstPublic:
     return BurstPublic(
         price_per_gpu_hour=int(stored["price_micro"]) / MICRO, delay_s=float(stored["delay_s"]),
         max_gpus=int(stored["max_gpus"]), node_gpus=int(stored["node_gpus"]),
-        idle_release_s=float(stored["idle_release_s"]),
+        idle_release_s=float(stored["idle_release_s"]), gpu_model=stored.get("gpu_model"),
     )  # fmt: skip
 
 
@@ -109,7 +109,7 @@ def burst_stored(b: BurstSettings) -> dict[str, Any]:
     """As the store keeps it: money in micro-dollars."""
     return {
         "price_micro": round(b.price_per_gpu_hour * MICRO), "delay_s": b.delay_s, "max_gpus": b.max_gpus,
-        "node_gpus": b.node_gpus, "idle_release_s": b.idle_release_s,
+        "node_gpus": b.node_gpus, "idle_release_s": b.idle_release_s, "gpu_model": b.gpu_model,
     }  # fmt: skip
 
 

@@ -125,13 +125,17 @@ async def test_a_burst_cluster_keeps_its_price_and_size_and_a_department_its_thr
         burst = {"price_per_gpu_hour": 2.5, "max_gpus": 64, "delay_s": 120, "idle_release_s": 300}
         r = await http.post("/api/v1/clusters", json={"name": "cloud", "kubeconfig": KUBECONFIG, "burst": burst},
                             headers=admin)  # fmt: skip
-        assert (r.status_code, r.json()["burst"]) == (201, burst | {"node_gpus": 8})
+        assert (r.status_code, r.json()["burst"]) == (201, burst | {"node_gpus": 8, "gpu_model": None})
         r = await http.post("/api/v1/clusters", json={"name": "lab", "local": True, "burst": burst}, headers=admin)
         local = "burst capacity is asked of a Kubernetes cluster's autoscaler: give a kubeconfig, not --local"
         assert (r.status_code, r.json()) == (422, {"detail": local})
         r = await http.post("/api/v1/clusters", json={"name": "c2", "kubeconfig": KUBECONFIG,
                             "burst": {"price_per_gpu_hour": -1, "max_gpus": 0}}, headers=admin)  # fmt: skip
         assert r.status_code == 422 and [e["loc"][-1] for e in r.json()["detail"]] == ["price_per_gpu_hour", "max_gpus"]
+        modelled = burst | {"gpu_model": "NVIDIA-H100-80GB-HBM3"}
+        r = await http.post("/api/v1/clusters", json={"name": "c3", "kubeconfig": KUBECONFIG, "burst": modelled},
+                            headers=admin)  # fmt: skip
+        assert (r.status_code, r.json()["burst"]) == (201, modelled | {"node_gpus": 8})
 
         department = await make.department()
         project = await make.project(department)
