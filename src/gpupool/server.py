@@ -31,11 +31,14 @@ from gpupool.control.burst_follow import kube_provider
 from gpupool.control.controller import Controller
 from gpupool.control.leader import LeaderBackend, Leadership
 from gpupool.logs import configure_logging
-from gpupool.services import apps
-from gpupool.services.auth import PrincipalCache
+from gpupool.models.schemas import WorkloadCreate, WorkloadPublic
+from gpupool.services import apps, workloads
+from gpupool.services.auth import Principal, PrincipalCache
 from gpupool.services.oidc import OidcClient, OidcConfig, RoleMap
 from gpupool.services.sessions import first_admin, session_key
 from gpupool.services.sso import Sso
+from gpupool.services.sweep_driver import Submit, SweepDriver
+from gpupool.services.sweeps import Studies
 from gpupool.settings import Settings
 from gpupool.store.engine import make_engine, migrate, session_factory
 from gpupool.store.leases import WakeChannel
@@ -186,13 +189,28 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         cluster_down_after_s=settings.cluster_down_after_s,
         bursting=Bursting(kube_provider, settings.burst_interval_s, settings.burst_lookahead_s),
     )
+    studies = Studies(settings.database_url)
+    driver = SweepDriver(sessions, backend, studies, _trial_submitter(settings, backend), settings.sweep_interval_s)
+    controller.after_cycle.append(driver.step)
     holder.append(controller)
     if leadership is None:
         controller.register_nodes()
     else:
         controller.loop.follow(leadership, lambda: take_over(controller, backend))
     principals = PrincipalCache(first_admin_file=settings.data_dir / "admin-token")
-    return Context(settings, sessions, backend, controller, principals, sso=sso), token_path
+    return Context(settings, sessions, backend, controller, principals, sso=sso, studies=studies), token_path
+
+
+def _trial_submitter(settings: Settings, backend: Backend) -> Submit:
+    """A sweep's trials are submitted as its owner's API submits would be, with the server's settings."""
+
+    def submit(session: Session, who: Principal, body: WorkloadCreate, key: str) -> WorkloadPublic:
+        return workloads.submit(
+            session, who, body, default_grace_s=settings.grace_s, min_runtime_s=settings.min_runtime_s or {},
+            notebooks=backend.capabilities().notebooks, idempotency_key=key,
+        )[0]  # fmt: skip
+
+    return submit
 
 
 def take_over(controller: Controller, backend: Backend) -> None:

@@ -86,6 +86,8 @@ class Settings(BaseSettings):
     """How often each spoke (`gpupool cluster add`) is reached, to read its nodes and tell it is there."""
     cluster_down_after_s: float = Field(30.0, gt=0, le=3600)
     """A spoke not reached for this long is down: it takes no new work, and its workloads follow their policy."""
+    sweep_interval_s: float = Field(1.0, gt=0, le=600)
+    """How often the leader reads its sweeps' trials' reports and asks their studies for more trials."""
     burst_interval_s: float = Field(10.0, gt=0, le=600)
     """How often the hub follows its burst nodes with their providers and decides what to rent or give back."""
     burst_lookahead_s: float = Field(3600.0, gt=0, le=30 * 86400)

@@ -177,6 +177,18 @@ def _delete_volume(w: World, t: str) -> Request:
     return "DELETE", f"/api/v1/volumes/{name}", None, {"project": _project(t)}
 
 
+def _sweep_body(w: World, t: str) -> dict[str, Any]:
+    space = {"x": {"type": "float", "low": 0, "high": 1}}
+    return {"name": w.fresh("s"), "project": _project(t), "command": ["true"], "space": space, "trials": 1}
+
+
+def _sweep(w: World, t: str) -> str:
+    """A fresh sweep of the tenant's project (no loop runs here: it never submits a trial)."""
+    body = _sweep_body(w, t)
+    w.admin("POST", "/api/v1/sweeps", body)
+    return f"/api/v1/sweeps/{_project(t)}/{body['name']}"
+
+
 def _spoke(w: World) -> str:
     """A fresh spoke that is never reached (nothing listens on its port)."""
     name = w.fresh("k")
@@ -356,6 +368,17 @@ CASES: dict[str, Case] = {
     ),
     # Clusters say where work may go: anyone reads the list; only admins see one's workloads, or change the fleet.
     "list_clusters": (lambda w, t: ("GET", "/api/v1/clusters", None, {}), _everyone(200)),
+    # Sweeps are their project's: its writers start and cancel them, its readers see them.
+    "create_sweep": (
+        lambda w, t: ("POST", "/api/v1/sweeps", _sweep_body(w, t), {}),
+        _by(WRITERS_OWN, MANAGERS_OTHER, 201),
+    ),
+    "list_sweeps": (lambda w, t: ("GET", "/api/v1/sweeps", None, {}), _everyone(200)),
+    "describe_sweep": (lambda w, t: ("GET", _sweep(w, t), None, {}), _by(SEES_OWN, SEES_OTHER, 200)),
+    "cancel_sweep": (
+        lambda w, t: ("POST", f"{_sweep(w, t)}/cancel", None, {}),
+        _by(WRITERS_OWN, MANAGERS_OTHER, 200),
+    ),
     # Whether a department's work may burst: read by whoever sees the department, set by admins alone.
     "get_department_burst": (
         lambda w, t: ("GET", f"/api/v1/departments/{_department(t)}/burst", None, {}),
@@ -461,9 +484,9 @@ def test_every_mutating_operation_leaves_an_audit_record(world: World) -> None:
     mutating = [(m.upper(), path) for path, ops in w.api.app.openapi()["paths"].items() for m in ops
                 if m.upper() in ("POST", "PUT", "PATCH", "DELETE")]  # fmt: skip
     # 19, single sign-on's session, device and device/{handle}, 4 of code, rerun, delete and apply, volumes' create
-    # and delete, a workload's files, the portal's cookie session, clusters' add, drain and remove, and a
-    # department's burst settings
-    assert len(mutating) == 37
+    # and delete, a workload's files, the portal's cookie session, clusters' add, drain and remove, a
+    # department's burst settings, and sweeps' create and cancel
+    assert len(mutating) == 39
     for i, (method, path) in enumerate(mutating):
         concrete = path.replace("{name}", "p1").replace("{user}", "member").replace("{token_id}", "1")
         concrete = concrete.replace("{ref}", "w1").replace("{handle}", "h" * 43).replace("{digest}", EMPTY)

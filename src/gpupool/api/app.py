@@ -35,6 +35,7 @@ from gpupool.api.routers import (
     rightsizing,
     shell,
     sso,
+    sweeps,
     system,
     volumes,
     workloads,
@@ -120,7 +121,8 @@ def create_app(ctx: Context) -> FastAPI:
     app.mount("/docs-assets", StaticFiles(directory=docs.ASSETS), name="docs-assets")
     app.include_router(apps.router)
     for r in (org.router, access.router, workloads.router, nodes.router, pools.router, clusters.router, portal.router,
-              sso.router, rightsizing.router, code.router, volumes.router, files.router, shell.router):  # fmt: skip
+              sso.router, rightsizing.router, code.router, volumes.router, files.router, shell.router,
+              sweeps.router):  # fmt: skip
         app.include_router(r, prefix="/api/v1")
 
     # The portal: static files that hold no data; every figure they show comes from the API with the

@@ -19,6 +19,7 @@ from gpupool.services.apps import SESSION_COOKIE, on_apps_host
 from gpupool.services.auth import Principal, PrincipalCache
 from gpupool.services.sessions import CSRF_COOKIE, CSRF_HEADER, LoginLimiter, csrf_token
 from gpupool.services.sso import Sso
+from gpupool.services.sweeps import Studies
 from gpupool.settings import Settings
 
 
@@ -32,6 +33,8 @@ class Context:
     limiter: LoginLimiter = field(default_factory=LoginLimiter)
     sso: Sso | None = None
     """Single sign-on with an OpenID Connect provider, where the server was started with one."""
+    studies: Studies | None = None
+    """Where sweeps keep their Optuna studies; None: this server runs no sweeps."""
 
 
 # The dependencies are coroutines that do no blocking I/O of their own (a session connects lazily; a cached

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -67,3 +68,19 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     for row in rows:
         table.add_row(*row)
     Console().print(table)
+
+
+def read_mapping(file: Path, fields: str) -> dict[str, Any]:
+    """A YAML file (- for stdin) holding a mapping; a clear message and exit 2 otherwise. `fields` names a few of
+    the mapping's fields, for the message."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(file.read_text() if str(file) != "-" else sys.stdin.read())
+    except OSError as e:
+        fail(f"cannot read {file}: {e.strerror}", 2)
+    except yaml.YAMLError as e:
+        fail(f"{file} is not valid YAML: {str(e).splitlines()[0]}", 2)
+    if not isinstance(data, dict):
+        fail(f"{file}: expected a mapping of {fields}", 2)
+    return data

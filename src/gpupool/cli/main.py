@@ -158,6 +158,7 @@ def _register() -> None:
         pools,
         shell,
         submit,
+        sweeps,
         volumes,
         workloads,
     )
@@ -169,6 +170,7 @@ def _register() -> None:
     app.add_typer(admin.user_app, name="user")
     app.add_typer(pools.pool_app, name="pool")
     app.add_typer(clusters.cluster_app, name="cluster")
+    app.add_typer(sweeps.sweep_app, name="sweep")
     admin.department_app.command("burst")(clusters.department_burst)
     app.add_typer(access.token_app, name="token")
     app.add_typer(access.member_app, name="member")

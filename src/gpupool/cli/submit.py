@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
 import typer
-import yaml
 from pydantic import ValidationError
 
 from gpupool.cli import spec
-from gpupool.cli.connection import Output, OutputOpt, client, default_project, emit_json, fail
+from gpupool.cli.connection import Output, OutputOpt, client, default_project, emit_json, fail, read_mapping
 from gpupool.client import Client
 from gpupool.client.client import ApiError
 from gpupool.client.code import CodeError, upload_tree
@@ -247,14 +245,7 @@ def apply(
     if file is None:
         fail("say which file with -f FILE (or - for stdin)", 2)
     _one_of(workdir, no_code)
-    try:
-        data = yaml.safe_load(file.read_text() if str(file) != "-" else sys.stdin.read())
-    except OSError as e:
-        fail(f"cannot read {file}: {e.strerror}", 2)
-    except yaml.YAMLError as e:
-        fail(f"{file} is not valid YAML: {str(e).splitlines()[0]}", 2)
-    if not isinstance(data, dict):
-        fail(f"{file}: expected a mapping of workload fields (project, name, type, gpus, command, ...)", 2)
+    data = read_mapping(file, "workload fields (project, name, type, gpus, command, ...)")
     try:
         data = spec.normalise(data)
     except spec.SpecError as e:

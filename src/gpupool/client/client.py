@@ -54,6 +54,7 @@ from gpupool.models.schemas import (
     WorkloadDetail,
     WorkloadPublic,
 )
+from gpupool.models.sweeps import SweepCreate, SweepDetail, SweepPublic
 from gpupool.models.system import Health, PoolPublic, PoolUpdate, Readiness
 
 M = TypeVar("M", bound=BaseModel)
@@ -331,6 +332,18 @@ class Client:
 
     def remove_cluster(self, name: str) -> None:
         self._call("DELETE", f"/api/v1/clusters/{name}")
+
+    def create_sweep(self, body: SweepCreate) -> SweepPublic:
+        return self._send(SweepPublic, "POST", "/api/v1/sweeps", body)
+
+    def list_sweeps(self) -> list[SweepPublic]:
+        return self._list(SweepPublic, "/api/v1/sweeps")
+
+    def describe_sweep(self, project: str, name: str) -> SweepDetail:
+        return self._get(SweepDetail, f"/api/v1/sweeps/{project}/{name}")
+
+    def cancel_sweep(self, project: str, name: str) -> SweepPublic:
+        return self._send(SweepPublic, "POST", f"/api/v1/sweeps/{project}/{name}/cancel")
 
     def department_burst(self, name: str) -> DepartmentBurstPublic:
         return self._get(DepartmentBurstPublic, f"/api/v1/departments/{name}/burst")

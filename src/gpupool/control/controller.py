@@ -9,7 +9,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
@@ -80,6 +80,7 @@ class Controller:
         gang_timeout_s: float = GANG_TIMEOUT_S,
         cluster_down_after_s: float = 30.0,
         bursting: Bursting | None = None,
+        after_cycle: Sequence[Callable[[float], None]] = (),
     ) -> None:
         self.gang_timeout_s = gang_timeout_s
         self.sessions = sessions
@@ -124,6 +125,9 @@ class Controller:
         self.clusters = Clusters(cluster_down_after_s)
         """The hub's spokes: their heartbeats, and the workloads of one that is down (where the backend is a fleet)."""
         self.bursting = bursting
+        self.after_cycle = list(after_cycle)
+        """Called with the cycle's time after each cycle this server leads (the sweeps' driver); each paces itself,
+        and one that fails is logged, not the cycle's failure."""
         """Burst nodes rented for departments whose work waited too long (None: this hub never bursts)."""
         self.adoption = Adoption(gang_timeout_s=self.gang_timeout_s)
         """Pods gpupool did not make that name it as their scheduler (kubernetes), and their workloads."""
@@ -363,6 +367,11 @@ class Controller:
             collect_workdirs(s, self.backend, now - self.workdir_retention_s)
         with self._step("estimates"):
             self.estimates.after_cycle(snapshot, decision, by_id.values(), projects)
+        for hook in self.after_cycle:
+            try:
+                hook(now)
+            except Exception:
+                log.exception("after the cycle: %s", getattr(hook, "__qualname__", hook))
         # Kept for its shares (metrics, portal) without its 100,000 reasons: kept, they outlived the cycle, and the
         # collector's first pass after it walked them all, holding the interpreter for 40-80 ms of every request.
         self.last_decision = replace(decision, pending=())

@@ -247,6 +247,25 @@ class BurstNodeRow(Base):
     """When the provider confirmed it given back: billing ends here."""
 
 
+class SweepRow(Base):
+    """A hyperparameter sweep: its spec, and where its Optuna study is (`study`, in Optuna's own tables). Each trial
+    is a workload submitted with the idempotency key `sweep:<id>:<trial number>`, so a trial asked for is
+    submitted once, whatever crashes in between."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = (UniqueConstraint("project_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63))
+    project_id: Mapped[int] = mapped_column(ForeignKey("queues.id"))
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    study: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    """A SweepState."""
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class PoolRow(Base):
     """What an admin set for a pool. Nodes name their pool; a pool without a row has the defaults."""
 
