@@ -188,6 +188,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         fence=None if leadership is None else leadership.fence,
         cluster_down_after_s=settings.cluster_down_after_s,
         bursting=Bursting(kube_provider, settings.burst_interval_s, settings.burst_lookahead_s),
+        api_url=settings.code_url or settings.public_base_url,
     )
     studies = Studies(settings.database_url)
     driver = SweepDriver(sessions, backend, studies, _trial_submitter(settings, backend), settings.sweep_interval_s)

@@ -172,8 +172,10 @@ def act(
     launcher: Launcher = sequential,
     secrets: Callable[[int], dict[str, str]] | None = None,
     pod_security: dict[int, str] | None = None,
+    own: Callable[[WorkloadRow], dict[str, str]] | None = None,
 ) -> tuple[list[EventRow], bool]:
-    """Launch what is bound, signal what is stopping, promote what answers. Returns events and whether
+    """Launch what is bound, signal what is stopping, promote what answers. `own(row)`: what each launch is
+    given to call the API as its workload (gpupool.store.workload_tokens). Returns events and whether
     something is in flight (the loop then looks again soon). Launches may run in parallel (a remote backend
     spends its time waiting on the network); one that fails stays bound and is tried again next cycle."""
     events: list[EventRow] = []
@@ -186,6 +188,8 @@ def act(
         for alloc in current(row):
             if alloc.state == AllocPhase.BOUND and row.stop_reason is None:
                 env = secrets(row.project_id) if secrets is not None else None
+                if own is not None:  # the workload's own API token and where to call: a secret too
+                    env = {**(env or {}), **own(row)}
                 level = (pod_security or {}).get(row.project_id, "restricted")
                 spec = launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node), app_socket, env, level)
                 pending.append((alloc, spec))

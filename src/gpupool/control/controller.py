@@ -26,6 +26,7 @@ from gpupool.control.clusters import Clusters, FleetView, fleet_of
 from gpupool.control.estimates import Estimates
 from gpupool.control.foreign import GANG_TIMEOUT_S, Adoption
 from gpupool.control.loop import SchedulerLoop
+from gpupool.control.outcomes import log_outcome
 from gpupool.control.policies import Policy, chains, effective, enforce
 from gpupool.control.reconcile import reconcile
 from gpupool.control.usage import account
@@ -37,10 +38,9 @@ from gpupool.core.cycle import Observer
 from gpupool.core.placement.memo import Memo
 from gpupool.failpoints import failpoint
 from gpupool.lifecycle import transitions as lifecycle
-from gpupool.lifecycle.events import EventCode
-from gpupool.lifecycle.phases import ACTIVE, EVICTIONS, AllocPhase
-from gpupool.logs import current_cycle, cycle_context
-from gpupool.store import changes
+from gpupool.lifecycle.phases import ACTIVE, AllocPhase
+from gpupool.logs import cycle_context
+from gpupool.store import changes, workload_tokens
 from gpupool.store.holdings import live_devices, still_held
 from gpupool.store.secrets import project_environment as secret_environment
 from gpupool.store.snapshot import build_snapshot
@@ -81,7 +81,11 @@ class Controller:
         cluster_down_after_s: float = 30.0,
         bursting: Bursting | None = None,
         after_cycle: Sequence[Callable[[float], None]] = (),
+        api_url: str | None = None,
     ) -> None:
+        self.api_url = api_url
+        """Where a workload's processes call the API (GPUPOOL_URL, with its own GPUPOOL_TOKEN); None: not told."""
+        self._token_key: bytes | None = None
         self.gang_timeout_s = gang_timeout_s
         self.sessions = sessions
         self.workdir_retention_s = workdir_retention_s
@@ -352,7 +356,9 @@ class Controller:
             return self._launch_all(launch, [replace(x, volumes=mounts.get(x.workload_id, ())) for x in specs])
 
         with self._step("act"):
-            events, busy = act(acting, projects, nodes, self.backend, now, launcher, project_secrets, levels)
+            events, busy = act(
+                acting, projects, nodes, self.backend, now, launcher, project_secrets, levels, self._own(projects)
+            )
             s.add_all(events)
         failpoint("cycle.before-events")
         with self._step("commit_events"):
@@ -379,6 +385,19 @@ class Controller:
         self.cycles += 1
         self._last_pass = time.monotonic()
         return busy or bool(decision.evictions)
+
+    def _own(self, projects: Mapping[int, str]) -> Callable[[WorkloadRow], dict[str, str]] | None:
+        """Each launch's way to call the API as its workload: its own token, revoked when its attempt ends."""
+        if self.api_url is None:
+            return None
+        if self._token_key is None:
+            with self.sessions() as s:  # its own session: making the key commits
+                self._token_key = workload_tokens.key(s)
+        signing, url = self._token_key, self.api_url
+        return lambda row: {
+            "GPUPOOL_URL": url, "GPUPOOL_TOKEN": workload_tokens.mint(signing, row.id, row.attempt),
+            "GPUPOOL_PROJECT": projects[row.project_id],
+        }  # fmt: skip
 
     def _release_retries(self, now: float) -> None:
         """Workloads whose retry's backoff is over join the queue, before this cycle reads what changed (one
@@ -453,27 +472,6 @@ def _unwrite(s: Session, row: WorkloadRow) -> None:
         if isinstance(obj, EventRow) and obj.workload_id == row.id:
             s.expunge(obj)
     s.refresh(row, [c.key for c in WorkloadRow.__mapper__.column_attrs])
-
-
-def log_outcome(events: Iterable[EventRow], rows: Mapping[int, WorkloadRow], projects: Mapping[int, str]) -> None:
-    """One line per bind and per stop the cycle decided (once it is committed): the workload, its project, and
-    its nodes or the stop's reason code; `event` says which ("bind", "eviction" for what gpupool_evictions_total
-    counts, "stop" for the rest, a failed member). They name their cycle whichever handler writes them."""
-    cycle = current_cycle()
-    for ev in events:
-        row = rows.get(ev.workload_id)
-        if row is None or ev.code not in (EventCode.PLACED, EventCode.STOP_REQUESTED):
-            continue
-        project = projects.get(row.project_id, str(row.project_id))
-        fields: dict[str, object] = {"cycle_id": cycle, "workload_id": row.id, "workload": row.name, "project": project}
-        if ev.code == EventCode.PLACED:
-            nodes = list(ev.args.get("nodes", []))
-            extra = {**fields, "event": "bind", "nodes": nodes}
-            log.info("bind %s/%s (id %d) on %s", project, row.name, row.id, ", ".join(nodes), extra=extra)
-        else:
-            kind = "eviction" if ev.reason_code in EVICTIONS else "stop"
-            extra = {**fields, "event": kind, "reason": ev.reason_code}
-            log.info("%s of %s/%s (id %d): %s", kind, project, row.name, row.id, ev.reason_code, extra=extra)
 
 
 def _span(cycle_id: int) -> AbstractContextManager[object]:

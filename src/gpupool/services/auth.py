@@ -21,8 +21,10 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.lifecycle.phases import LIVE
 from gpupool.services.errors import Forbidden
-from gpupool.store.tables import MembershipRow, QueueRow, TokenRow, UserRow
+from gpupool.store import workload_tokens
+from gpupool.store.tables import MembershipRow, QueueRow, TokenRow, UserRow, WorkloadRow
 
 RANK = {"viewer": 1, "member": 2, "admin": 3}
 """Project roles in order; 'admin' on a project is what a department admin has on its department's projects."""
@@ -121,6 +123,8 @@ def principal_for(
 
 def authenticate(session: Session, token: str, now: float | None = None) -> Principal | None:
     """The principal a live API token names; None for an unknown, expired or revoked one."""
+    if token.startswith(workload_tokens.PREFIX):
+        return _workload_principal(session, token)
     if not token.startswith(("gp_", "gps_")):
         return None
     row = session.scalar(select(TokenRow).where(TokenRow.token_hash == hash_token(token)))
@@ -136,6 +140,20 @@ def authenticate(session: Session, token: str, now: float | None = None) -> Prin
         row.last_used_at = at
         session.commit()
     return principal_for(session, user, scope=row.project_id, cap=row.role, token_id=row.id, kind=row.kind)
+
+
+def _workload_principal(session: Session, token: str) -> Principal | None:
+    """A workload's own token: its owner, as a member of its project at most, while that attempt is live."""
+    found = workload_tokens.verify(workload_tokens.key(session), token)
+    if found is None:
+        return None
+    row = session.get(WorkloadRow, found[0])
+    if row is None or row.attempt != found[1] or row.state not in LIVE:
+        return None
+    user = session.get(UserRow, row.owner_id)
+    if user is None:
+        return None
+    return principal_for(session, user, scope=row.project_id, cap="member", kind="workload")
 
 
 class PrincipalCache:

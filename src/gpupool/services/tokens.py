@@ -37,6 +37,8 @@ def _public(session: Session, row: TokenRow) -> TokenPublic:
 
 def create(session: Session, who: Principal, body: TokenCreate) -> TokenCreated:
     now = time.time()
+    if who.kind == "workload":
+        raise Forbidden("a workload's own token cannot make tokens: it ends with the workload")
     if who.kind == "service" or who.token_id is None:
         raise Forbidden("a service token cannot make tokens")
     if body.kind == "metrics" and (not who.is_admin or body.project is not None):
