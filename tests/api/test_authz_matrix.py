@@ -375,6 +375,7 @@ CASES: dict[str, Case] = {
     ),
     "list_sweeps": (lambda w, t: ("GET", "/api/v1/sweeps", None, {}), _everyone(200)),
     "describe_sweep": (lambda w, t: ("GET", _sweep(w, t), None, {}), _by(SEES_OWN, SEES_OTHER, 200)),
+    "sweep_plot": (lambda w, t: ("GET", f"{_sweep(w, t)}/plot.png", None, {}), _by(SEES_OWN, SEES_OTHER, 200)),
     "cancel_sweep": (
         lambda w, t: ("POST", f"{_sweep(w, t)}/cancel", None, {}),
         _by(WRITERS_OWN, MANAGERS_OTHER, 200),

@@ -92,5 +92,8 @@ def test_a_sweep_runs_its_trials_three_at_a_time_prunes_the_bad_ones_and_survive
     assert done["best"]["number"] == nearest["number"]
     assert abs(done["best"]["params"]["x"] - 2) < 0.5
     assert done["best"]["value"] == (done["best"]["params"]["x"] - 2) ** 2
-    table = s.cli("sweep", "describe", "search", "-p", "vision").stdout
+    plot = s.cwd / "history.png"
+    table = s.cli("sweep", "describe", "search", "-p", "vision", "--plot", str(plot)).stdout
     assert f"Best:       trial {nearest['number']}: " in table
+    assert table.endswith(f"plot written to {plot}\n")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000

@@ -89,10 +89,21 @@ def _params(t: TrialPublic) -> str:
 
 
 @sweep_app.command("describe")
-def sweep_describe(name: str, project: ProjectOpt = None, output: Output = OutputOpt) -> None:
+def sweep_describe(
+    name: str,
+    project: ProjectOpt = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write its optimisation history here (PNG).")] = None,
+    output: Output = OutputOpt,
+) -> None:
     """A sweep: its best trial, and every trial with its parameters, state and value."""
     with client() as c:
         d = c.describe_sweep(_project(project), name)
+        if plot is not None:
+            png = c.sweep_plot(d.project, d.name)
+            try:
+                plot.write_bytes(png)
+            except OSError as e:
+                fail(f"cannot write {plot}: {e.strerror}", 2)
     if output is Output.json:
         emit_json(d)
         return
@@ -104,6 +115,8 @@ def sweep_describe(name: str, project: ProjectOpt = None, output: Output = Outpu
     rows = [[str(t.number), t.state, _value(t.value), "-" if t.last_step is None else str(t.last_step),
              _params(t), t.workload or "-"] for t in d.trial_list]  # fmt: skip
     print_table(None, ["TRIAL", "STATE", "VALUE", "STEP", "PARAMS", "WORKLOAD"], rows)
+    if plot is not None:
+        print(f"plot written to {plot}")
 
 
 @sweep_app.command("cancel")

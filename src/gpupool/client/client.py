@@ -342,6 +342,9 @@ class Client:
     def describe_sweep(self, project: str, name: str) -> SweepDetail:
         return self._get(SweepDetail, f"/api/v1/sweeps/{project}/{name}")
 
+    def sweep_plot(self, project: str, name: str) -> bytes:
+        return self._call("GET", f"/api/v1/sweeps/{project}/{name}/plot.png").content
+
     def cancel_sweep(self, project: str, name: str) -> SweepPublic:
         return self._send(SweepPublic, "POST", f"/api/v1/sweeps/{project}/{name}/cancel")
 

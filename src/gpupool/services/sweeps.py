@@ -9,6 +9,7 @@ collide."""
 from __future__ import annotations
 
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +217,32 @@ def _public(row: SweepRow, project: str, trials: list[Any] | None) -> SweepPubli
         trials=spec.trials, parallelism=spec.parallelism, counts=dict(sorted(counts.items())),
         best=None if best is None else _trial(best, None), created_at=row.created_at,
     )  # fmt: skip
+
+
+def plot(session: Session, who: Principal, project: str, name: str, studies: Studies) -> bytes:
+    """The sweep's optimisation history as a PNG: Optuna's own plot (each completed trial's value, and the best so
+    far), drawn with matplotlib."""
+    row, _ = _row(session, who, project, name)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display on a server
+        import io
+
+        import matplotlib.pyplot as plt
+        from optuna.visualization.matplotlib import plot_optimization_history
+    except ImportError as e:  # pragma: no cover - depends on what is installed
+        raise Invalid("plots need matplotlib on the server: pip install 'gpupool[sweeps]'") from e
+    spec = SweepCreate.model_validate(row.spec)
+    with _PLOT_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+        ax = plot_optimization_history(studies.load(row.study, spec), target_name=spec.metric)
+        ax.set_title(f"{project}/{name}")
+        out = io.BytesIO()
+        plt.savefig(out, format="png", dpi=100, bbox_inches="tight")  # the plot's figure is pyplot's current one
+        plt.close("all")
+    return out.getvalue()
+
+
+_PLOT_LOCK = threading.Lock()
+"""pyplot keeps global state: one figure at a time."""

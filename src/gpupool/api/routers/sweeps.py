@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Response, status
 
 from gpupool.api.deps import Context, ContextDep, CurrentUser, SessionDep
 from gpupool.api.errors import ERRORS
@@ -36,6 +36,15 @@ def list_sweeps(session: SessionDep, ctx: ContextDep, who: CurrentUser) -> list[
 @router.get("/sweeps/{project}/{name}", response_model=SweepDetail)
 def describe_sweep(project: str, name: str, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> SweepDetail:
     return sweeps.describe(session, who, project, name, _studies(ctx))
+
+
+@router.get(
+    "/sweeps/{project}/{name}/plot.png", response_class=Response, responses={200: {"content": {"image/png": {}}}}
+)
+def sweep_plot(project: str, name: str, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> Response:
+    """The optimisation history (Optuna's plot): each completed trial's value and the best so far."""
+    png = sweeps.plot(session, who, project, name, _studies(ctx))
+    return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
 
 
 @router.post("/sweeps/{project}/{name}/cancel", response_model=SweepPublic)
