@@ -7,6 +7,7 @@ import time
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from gpupool.cli import contexts
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
@@ -160,15 +161,23 @@ def project_set(
     pod_security: Annotated[
         str | None, typer.Option("--pod-security", help="restricted or baseline (Kubernetes; admins only).")
     ] = None,
+    mlflow_uri: Annotated[
+        str | None, typer.Option("--mlflow-uri", help='Its MLflow tracking server ("" removes it).')
+    ] = None,
 ) -> None:
     """Change a project's settings."""
     if pod_security not in (None, "restricted", "baseline"):
         fail(f"--pod-security {pod_security!r}: expected restricted or baseline", 2)
-    body = ProjectSettings.model_validate({"production_allowed": production, "pod_security": pod_security})
+    try:
+        body = ProjectSettings.model_validate(
+            {"production_allowed": production, "pod_security": pod_security, "mlflow_uri": mlflow_uri}
+        )
+    except ValidationError:
+        fail(f'--mlflow-uri {mlflow_uri!r}: expected an http(s):// address, or "" to remove it', 2)
     with client() as c:
         q = c.update_project(name, body)
     print(f"project {q.name}: production {'allowed' if q.production_allowed else 'not allowed'} for members, "
-          f"pods {q.pod_security}")  # fmt: skip
+          f"pods {q.pod_security}" + (f", MLflow {q.mlflow_uri}" if q.mlflow_uri else ""))  # fmt: skip
 
 
 @audit_app.command("list")

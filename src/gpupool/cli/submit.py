@@ -152,6 +152,9 @@ def submit(
     clusters: Annotated[
         list[str] | None, typer.Option("--cluster", help="A cluster it may run in, by preference (repeatable).")
     ] = None,
+    mlflow: Annotated[
+        str | None, typer.Option("--mlflow", help="An MLflow tracking server for its run (default: its project's).")
+    ] = None,
     on_cluster_lost: Annotated[
         str | None,
         typer.Option(
@@ -207,7 +210,7 @@ def submit(
             "project": project, "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
             "gpu_memory": gpu_memory, "cpu": cpu, "memory": memory, "pools": pools or [],
             "gpu_models": gpu_models or [], "image": image, "volumes": mounts, "clusters": clusters or [],
-            "on_cluster_lost": _lost_policy(on_cluster_lost),
+            "on_cluster_lost": _lost_policy(on_cluster_lost), "mlflow_uri": mlflow,
             "workers": workers, "priority": priority, "preemptible": preemptible, "port": port, "env": pairs,
             "command": list(command or []), "grace_s": grace, "max_duration_s": max_duration,
         }  # fmt: skip

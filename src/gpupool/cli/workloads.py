@@ -152,6 +152,8 @@ def describe_text(d: WorkloadDetail) -> None:
         print(f"Resources:   {asked}")
     if d.image:
         print(f"Image:       {d.image}")
+    if d.mlflow_run_url:
+        print(f"MLflow run:  {d.mlflow_run_url}")
     if d.rightsizing is not None:
         print(f"Right-size:  {d.rightsizing.message}")
     for a in d.allocations:

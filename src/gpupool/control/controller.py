@@ -20,6 +20,7 @@ from sqlalchemy import inspect, select, true
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.backends.base import Backend, LaunchSpec, Sample
+from gpupool.control import mlflow_runs
 from gpupool.control.apply import act, persist, sequential
 from gpupool.control.burst import Bursting
 from gpupool.control.clusters import Clusters, FleetView, fleet_of
@@ -44,7 +45,7 @@ from gpupool.store import changes, workload_tokens
 from gpupool.store.holdings import live_devices, still_held
 from gpupool.store.secrets import project_environment as secret_environment
 from gpupool.store.snapshot import build_snapshot
-from gpupool.store.tables import EventRow, NodeRow, QueueRow, WorkloadRow
+from gpupool.store.tables import EventRow, NodeRow, QueueRow, UserRow, WorkloadRow
 
 try:  # traces are optional: without the API package there are none, and without an SDK its tracer is a no-op
     from opentelemetry import trace as otel_trace
@@ -357,7 +358,7 @@ class Controller:
 
         with self._step("act"):
             events, busy = act(
-                acting, projects, nodes, self.backend, now, launcher, project_secrets, levels, self._own(projects)
+                acting, projects, nodes, self.backend, now, launcher, project_secrets, levels, self._own(s, projects)
             )
             s.add_all(events)
         failpoint("cycle.before-events")
@@ -386,18 +387,29 @@ class Controller:
         self._last_pass = time.monotonic()
         return busy or bool(decision.evictions)
 
-    def _own(self, projects: Mapping[int, str]) -> Callable[[WorkloadRow], dict[str, str]] | None:
-        """Each launch's way to call the API as its workload: its own token, revoked when its attempt ends."""
-        if self.api_url is None:
-            return None
-        if self._token_key is None:
-            with self.sessions() as s:  # its own session: making the key commits
-                self._token_key = workload_tokens.key(s)
+    def _own(self, s: Session, projects: Mapping[int, str]) -> Callable[[WorkloadRow], dict[str, str]]:
+        """Each launch's own: its token to call the API as its workload (revoked when its attempt ends), and its
+        MLflow run where it is tracked (gpupool.control.mlflow_runs)."""
+        if self._token_key is None and self.api_url is not None:
+            with self.sessions() as own:  # its own session: making the key commits
+                self._token_key = workload_tokens.key(own)
         signing, url = self._token_key, self.api_url
-        return lambda row: {
-            "GPUPOOL_URL": url, "GPUPOOL_TOKEN": workload_tokens.mint(signing, row.id, row.attempt),
-            "GPUPOOL_PROJECT": projects[row.project_id],
-        }  # fmt: skip
+
+        def env(row: WorkloadRow) -> dict[str, str]:
+            out: dict[str, str] = {}
+            if url is not None and signing is not None:
+                token = workload_tokens.mint(signing, row.id, row.attempt)
+                out |= {"GPUPOOL_URL": url, "GPUPOOL_TOKEN": token, "GPUPOOL_PROJECT": projects[row.project_id]}
+            if row.mlflow:
+                owner = s.get(UserRow, row.owner_id)
+                try:
+                    out |= mlflow_runs.environment(row, projects[row.project_id], owner.name if owner else "?")
+                except Exception as e:  # the work runs untracked rather than not at all
+                    log.warning("workload %d: no MLflow run (%s)", row.id, " ".join(str(e).split())[:200])
+                    out["MLFLOW_TRACKING_URI"] = str(row.mlflow["uri"])
+            return out
+
+        return env
 
     def _release_retries(self, now: float) -> None:
         """Workloads whose retry's backoff is over join the queue, before this cycle reads what changed (one

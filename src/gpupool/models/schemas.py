@@ -71,6 +71,7 @@ class QueuePublic(Reply):
     """GPUs its running workloads hold now (all pools)."""
     production_allowed: bool = False
     pod_security: str = "restricted"
+    mlflow_uri: str | None = None
 
 
 Kind = Literal["notebook", "training", "inference", "batch"]
@@ -148,6 +149,7 @@ CODE_DESCRIPTION = (
     "The code it runs in: `sha256:<hex>` of a code manifest its project uploaded (gpupool.client.code.upload); "
     "it starts in a private copy of that tree. None: an empty working directory."
 )
+MLFLOW_URI = r"^https?://[^\s?#]+$"
 MAX_DURATION_S = 30 * 86400
 """The longest max_duration a workload may declare: a longer one says nothing a forecast could use."""
 
@@ -188,6 +190,10 @@ class WorkloadCreate(Wire):
         None, description="When its cluster goes down: notebooks wait for it by default, the rest requeue after 15m."
     )
     code: str | None = Field(None, pattern=CODE_DIGEST, description=CODE_DESCRIPTION)
+    mlflow_uri: str | None = Field(
+        None, max_length=512, pattern=MLFLOW_URI,
+        description="An MLflow tracking server (default: its project's): it gets a run, tagged with what ran.",
+    )  # fmt: skip
     retry: RetryPolicy | None = None
     volumes: list[VolumeMount] = Field(default_factory=list, max_length=16)
     """The project's volumes it mounts, each at its own absolute path."""
@@ -327,6 +333,8 @@ class WorkloadDetail(WorkloadPublic):
     """Its attempts, the one under way last; `history` holds earlier workloads of its name."""
     history: list[HistoryItem] = Field(default_factory=list)
     origin: WorkloadOrigin | None = None
+    mlflow_run_url: str | None = None
+    """Its current attempt's run in MLflow's UI, where it is tracked and the run is made."""
     """Where it comes from when gpupool did not take its submission: the Kubernetes pod it schedules."""
 
 

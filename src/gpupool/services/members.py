@@ -81,5 +81,7 @@ def update_project(session: Session, who: Principal, name: str, body: ProjectSet
         queue.pod_security = body.pod_security
     if body.production_allowed is not None:
         queue.production_allowed = body.production_allowed
+    if body.mlflow_uri is not None:
+        queue.mlflow_uri = body.mlflow_uri.rstrip("/") or None
     session.commit()
     return queue_public(session, queue)

@@ -128,6 +128,7 @@ def queue_public(session: Session, row: QueueRow, allocated: dict[int, int] | No
         strict_fifo=row.strict_fifo,
         production_allowed=row.production_allowed,
         pod_security=row.pod_security,
+        mlflow_uri=row.mlflow_uri,
         quotas=[
             QuotaPublic(
                 pool=q.pool,

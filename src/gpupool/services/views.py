@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from gpupool.control.mlflow_runs import run_url
 from gpupool.control.policies import Policy
 from gpupool.core import MILLI
 from gpupool.lifecycle.events import render
@@ -157,4 +158,5 @@ def workload_detail(
         position=position,
         rightsizing=rightsizing,
         origin=WorkloadOrigin.model_validate(row.origin) if row.origin else None,
+        mlflow_run_url=run_url(row.mlflow),
     )

@@ -114,6 +114,7 @@ def submit(
         gpu_models=list(body.gpu_models),
         clusters=list(body.clusters),
         cluster_lost_after_s=cluster_lost_after(body),
+        mlflow={"uri": uri.rstrip("/")} if (uri := body.mlflow_uri or project.mlflow_uri) else None,
         command=list(body.command),
         image=body.image,
         code=body.code,

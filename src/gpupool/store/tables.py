@@ -49,6 +49,8 @@ class QueueRow(Base):
     """A department's: burst capacity is asked for its work once that work has waited this long; None: never."""
     burst_budget_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     """A department's monthly burst budget, in micro-dollars; None: it never bursts (a budget must be set)."""
+    mlflow_uri: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    """A project's MLflow tracking server: its workloads get a run there, tagged with who and what ran."""
     burst_paced: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     """Whether the monthly budget accrues evenly over the month (asks are checked against what has accrued so far,
     so a busy first day cannot spend the month) or is all there from its first day."""
@@ -354,6 +356,9 @@ class WorkloadRow(Base):
     """Where a workload gpupool did not submit comes from: {kind: "Pod", namespace, name, uid} for a Kubernetes pod
     that names gpupool as its scheduler, {kind: "Job" | "JobSet" | "PodGroup" | ..., namespace, name, uid, pods}
     for a gang of them (its pods in workload_pods); None for what was submitted to gpupool."""
+    mlflow: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """Its MLflow tracking server (`uri`, from the workload or its project at submit), and the run of its current
+    attempt there once made (`run_id`, `experiment_id`, `attempt`); None: it is not tracked."""
     origin_uid: Mapped[str | None] = mapped_column(String(64), nullable=True)
     """A single pod's uid: one workload per pod, however often the pods are listed again (None for a gang, whose
     owner makes a new gang each time it replaces its pods)."""

@@ -1,0 +1,106 @@
+"""Experiment tracking with a real MLflow tracking server (installed from PyPI into an environment of its own, whose
+dependencies would clash with the server's): a project names the server, a training job's run is made by gpupool
+and tagged with who and what ran, and the job's own `mlflow.start_run()` logs a metric and a model into it, which
+is then registered."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Server, wait_for
+from tests.kubernetes.cluster import free_port
+
+UV = Path(sys.executable).parent / "uv"
+ENV = Path(sys.prefix) / "opt" / "mlflow"
+"""Inside the test environment, so a workload's sandbox (which sees that environment, read-only) runs its Python."""
+TRAIN = """
+import mlflow, mlflow.pyfunc
+
+class Doubler(mlflow.pyfunc.PythonModel):
+    def predict(self, context, model_input):
+        return [2 * x for x in model_input]
+
+with mlflow.start_run() as run:  # the run gpupool made for this attempt (MLFLOW_RUN_ID)
+    mlflow.log_metric("loss", 0.25, step=1)
+    mlflow.pyfunc.log_model(name="model", python_model=Doubler())
+    mlflow.register_model(f"runs:/{run.info.run_id}/model", "doubler")
+print("trained", run.info.run_id, flush=True)
+"""
+
+
+def _mlflow_env() -> Path:
+    python = ENV / "bin" / "python"
+    if not (ENV / "bin" / "mlflow").exists():
+        shutil.rmtree(ENV, ignore_errors=True)
+        subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(ENV)], check=True)
+        subprocess.run([str(UV), "pip", "install", "-q", "--python", str(python), "mlflow>=3.1,<4"], check=True)
+    return python
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    python = _mlflow_env()
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - the server keeps it for its whole life
+    proc = subprocess.Popen(
+        [str(python), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def up() -> bool:
+            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+            try:
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, 120, "the MLflow server")
+        yield url
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_tracked_job_logs_into_the_run_gpupool_made_and_tagged_and_registers_its_model(
+    make_server: Callable[..., Server], mlflow_server: str
+) -> None:
+    s = make_server("fake:2xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    assert s.cli("project", "set", "vision", "--mlflow-uri", mlflow_server).stdout.endswith(f"MLflow {mlflow_server}\n")
+    ana = s.json("user", "create", "ana", "--project", "vision")["token"]
+    s.cli("submit", "-p", "vision", "--name", "train", "--gpus", "1", "--no-code", "--",
+          str(ENV / "bin" / "python"), "-c", TRAIN, token=ana)  # fmt: skip
+    done = s.wait_state("train", "succeeded", "failed", timeout=180)
+    assert done["state"] == "succeeded", s.cli("logs", "train", token=ana).stdout
+
+    run_id = done["mlflow_run_url"].rsplit("/", 1)[1]
+    assert done["mlflow_run_url"].startswith(f"{mlflow_server}/#/experiments/")
+    assert f"trained {run_id}" in s.cli("logs", "train", token=ana).stdout
+    run = httpx.get(f"{mlflow_server}/api/2.0/mlflow/runs/get", params={"run_id": run_id}).json()["run"]
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"] if t["key"].startswith("gpupool.")}
+    assert tags == {
+        "gpupool.attempt": f"{done['id']}-0", "gpupool.workload": "vision/train",
+        "gpupool.workload_id": str(done["id"]), "gpupool.project": "vision", "gpupool.user": "ana",
+        "gpupool.gpus": "1", "gpupool.workers": "1",
+    }  # fmt: skip
+    assert [(m["key"], m["value"]) for m in run["data"]["metrics"]] == [("loss", 0.25)]
+    experiment = httpx.get(f"{mlflow_server}/api/2.0/mlflow/experiments/get",
+                           params={"experiment_id": run["info"]["experiment_id"]}).json()  # fmt: skip
+    assert experiment["experiment"]["name"] == "vision"
+    versions = httpx.get(f"{mlflow_server}/api/2.0/mlflow/registered-models/get-latest-versions",
+                         params={"name": "doubler"}).json()["model_versions"]  # fmt: skip
+    assert [(v["version"], v["run_id"]) for v in versions] == [("1", run_id)]
+    described = s.cli("describe", "train", token=ana).stdout
+    assert f"MLflow run:  {done['mlflow_run_url']}\n" in described
