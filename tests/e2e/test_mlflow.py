@@ -5,7 +5,9 @@ is then registered."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -68,7 +70,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         wait_for(up, 120, "the MLflow server")
         yield url
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # the server and the uvicorn it starts
         proc.wait(30)
 
 
