@@ -106,11 +106,14 @@ def test_exec_runs_inside_the_members_sandbox_for_its_project_only(make_server: 
     wait_for(lambda: (job_dir / "mine.txt").exists() and (vault_dir / "secret.txt").exists(), 20, "the files")
 
     # Its output, its exit status, its workdir, its environment (not the server's), its identity.
-    script = 'cat mine.txt; echo "$GREETING" "${GPUPOOL_URL:-no-url}"; id -u; echo oops >&2; exit 7'
+    # (GPUPOOL_URL is the workload's own, with its own token; the CLI's settings stay with the CLI.)
+    script = (
+        'cat mine.txt; echo "$GREETING" "${XDG_CONFIG_HOME:-no-config}" "$GPUPOOL_URL"; id -u; echo oops >&2; exit 7'
+    )
     done = s.cli("exec", "job", "--", "sh", "-c", script, token=red, check=False)
     assert (done.returncode, done.stdout, done.stderr) == (
         7,
-        f"mine\nhello no-url\n{job_dir.stat().st_uid}\n",
+        f"mine\nhello no-config {s.url}\n{job_dir.stat().st_uid}\n",
         "oops\n",
     )
     assert job_dir.stat().st_uid != 0
@@ -235,12 +238,13 @@ def _in_an_image(s: Server, image: str) -> None:
     wait_for(lambda: (workdir / "mine.txt").exists(), 30, "the image's first file")
 
     # Its files, workdir, environment (the member's, not the server's), identity and confinement; its status.
-    script = ('cat mine.txt; pwd; echo "$GREETING" "${GPUPOOL_URL:-no-url}"; id -u; '
+    script = ('cat mine.txt; pwd; echo "$GREETING" "${XDG_CONFIG_HOME:-no-config}" "$GPUPOOL_URL"; id -u; '
               'grep -E "^(CapEff|NoNewPrivs)" /proc/self/status; touch /oops; echo oops >&2; exit 7')  # fmt: skip
     done = s.cli("exec", "boxed", "--", "sh", "-c", script, token=red, check=False)
     assert (done.returncode, done.stdout, done.stderr) == (
         7,
-        f"mine\n{workdir}\nhello no-url\n{workdir.stat().st_uid}\nCapEff:\t0000000000000000\nNoNewPrivs:\t1\n",
+        f"mine\n{workdir}\nhello no-config {s.url}\n{workdir.stat().st_uid}\n"
+        "CapEff:\t0000000000000000\nNoNewPrivs:\t1\n",
         "touch: /oops: Read-only file system\noops\n",
     )
     assert workdir.stat().st_uid != 0

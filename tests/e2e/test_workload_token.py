@@ -3,12 +3,21 @@ login: each launch gets its own token, with its owner's rights in its project at
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import GPUPOOL, Server, wait_for
+from tests.e2e.conftest import Server, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT = Path(sys.prefix) / "opt" / "client"
+"""gpupool installed as a user would (not editable: a workload's sandbox sees the test environment, read-only, and
+not the checkout), inside the test environment."""
+GPUPOOL = CLIENT / "bin" / "gpupool"
 
 # Submits a child job to its own project, tries another project, and keeps its token where the test can read it.
 PARENT = f"""
@@ -20,9 +29,20 @@ exec sleep 300
 """
 
 
+@pytest.fixture(scope="module")
+def client_env() -> Path:
+    uv = Path(sys.executable).parent / "uv"
+    if not (CLIENT / "bin" / "python").exists():
+        subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(CLIENT)], check=True)
+    python = CLIENT / "bin" / "python"
+    subprocess.run([str(uv), "pip", "install", "-q", "--python", str(python), "--reinstall-package", "gpupool",
+                    str(REPO)], check=True)  # fmt: skip
+    return GPUPOOL
+
+
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_workload_submits_as_its_owner_in_its_project_only_until_it_ends(
-    make_server: Callable[..., Server],
+    make_server: Callable[..., Server], client_env: Path
 ) -> None:
     s = make_server("fake:2xH100-80GB")
     s.cli("project", "create", "vision", "--deserved-gpus", "1")
