@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,24 @@ def call(
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return Raw(start["status"], list(start.get("headers", [])), body, sent)
+
+
+@contextmanager
+def on_socket(app: FastAPI) -> Iterator[str]:
+    """The app served on a local port by uvicorn, in a thread, for a real browser or command line; its URL."""
+    import threading
+
+    import uvicorn
+
+    from tests.e2e.conftest import wait_for
+    from tests.kubernetes.cluster import free_port
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 30, "uvicorn to serve")
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -11,16 +11,15 @@ import json
 import math
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
-from tests.e2e.conftest import GPUPOOL, free_port, wait_for
+from tests.api.inprocess import on_socket
+from tests.e2e.conftest import GPUPOOL, wait_for
 from tests.observability.harness import Cluster, cluster
 
 FAT = [sys.executable, "-c", "import time; b = b'x' * (600 << 20); time.sleep(600)"]
@@ -125,15 +124,8 @@ def test_who_may_read_the_report_and_a_bad_period(sampled: tuple[Cluster, dict[s
 @pytest.fixture(scope="module")
 def served(sampled: tuple[Cluster, dict[str, str], float]) -> Iterator[str]:
     """The same app on a socket, for the real command line."""
-    c = sampled[0]
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(c.api.app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 30, "uvicorn to serve")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    with on_socket(sampled[0].api.app) as url:
+        yield url
 
 
 def _cli(url: str, token: str, *args: str) -> subprocess.CompletedProcess[str]:

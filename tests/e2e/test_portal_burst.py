@@ -9,7 +9,6 @@ that pace, against $100 a month. Nothing of it falls in the page's last 24 hours
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,11 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from playwright.sync_api import Browser, expect
 
 from gpupool.store.tables import BurstNodeRow, UsageRow
-from tests.e2e.conftest import free_port, wait_for
+from tests.api.inprocess import on_socket
 from tests.e2e.test_portal import admin_page, shot
 from tests.observability.harness import Cluster, cluster
 
@@ -32,12 +30,7 @@ NOW = datetime(2021, 4, 11, tzinfo=UTC).timestamp()
 def billed(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
     with cluster(tmp_path) as c:
         c.clock.now = NOW
-        server = uvicorn.Server(uvicorn.Config(c.api.app, host="127.0.0.1", port=free_port(), log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        try:
-            wait_for(lambda: server.started, 30, "uvicorn to serve")
-            url = f"http://127.0.0.1:{server.config.port}"
+        with on_socket(c.api.app) as url:
             for method, path, body in (
                 ("POST", "/api/v1/departments", {"name": "research", "deserved_gpus": 4}),
                 ("POST", "/api/v1/projects", {"name": "lab", "department": "research", "deserved_gpus": 2}),
@@ -61,9 +54,6 @@ def billed(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
                 ])  # fmt: skip
                 s.commit()
             yield c, url
-        finally:
-            server.should_exit = True
-            thread.join(30)
 
 
 def test_the_costs_page_splits_the_cost_and_draws_each_budget_with_spent_and_forecast(

@@ -6,16 +6,15 @@ hour of samples falls in the week to the browser's now that the Waste page asks 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from playwright.sync_api import Browser, expect
 
-from tests.e2e.conftest import free_port, wait_for
+from tests.api.inprocess import on_socket
+from tests.e2e.conftest import wait_for
 from tests.e2e.test_portal import admin_page, shot
 from tests.observability.harness import Cluster, cluster
 
@@ -28,12 +27,7 @@ def sampled(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
     with cluster(tmp_path) as c:
         c.clock.now -= 3 * 3600
         # Requests through the socket: Playwright's sync API holds this thread's event loop.
-        server = uvicorn.Server(uvicorn.Config(c.api.app, host="127.0.0.1", port=free_port(), log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        try:
-            wait_for(lambda: server.started, 30, "uvicorn to serve")
-            url = f"http://127.0.0.1:{server.config.port}"
+        with on_socket(c.api.app) as url:
             for path, body in (
                 ("/api/v1/departments", {"name": "research", "deserved_gpus": 4}),
                 ("/api/v1/projects", {"name": "lab", "department": "research", "deserved_gpus": 2}),
@@ -57,9 +51,6 @@ def sampled(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
             for _ in range(30):
                 c.cycle(advance=60.0)
             yield c, url
-        finally:
-            server.should_exit = True
-            thread.join(30)
 
 
 def test_a_workload_far_under_its_request_gets_advice_by_its_logs_and_in_the_waste_pages_report(

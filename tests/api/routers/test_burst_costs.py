@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import io
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,12 +26,11 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from gpupool.store.tables import BurstNodeRow, QueueRow, UsageRow
-from tests.api.inprocess import Api
+from tests.api.inprocess import Api, on_socket
 from tests.api.routers.factories import Factory, Person, client
-from tests.e2e.conftest import GPUPOOL, free_port, wait_for
+from tests.e2e.conftest import GPUPOOL
 
 NOW = datetime(2026, 4, 11, tzinfo=UTC).timestamp()
 APRIL = datetime(2026, 4, 1, tzinfo=UTC).timestamp()
@@ -104,15 +102,8 @@ def served(fresh_api: Callable[..., Api]) -> Iterator[tuple[Api, str]]:
     """A server of its own ($2.00 per on-premises GPU-hour), its clock at NOW, served on a socket as well."""
     api = fresh_api(prices={"default": 2.0})
     api.ctx.controller.clock = lambda: NOW
-    server = uvicorn.Server(uvicorn.Config(api.app, host="127.0.0.1", port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, 30, "uvicorn to serve")
-        yield api, f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with on_socket(api.app) as url:
+        yield api, url
 
 
 async def _report(http: httpx.AsyncClient, who: Person, by: str) -> Any:
