@@ -157,15 +157,18 @@ class Bursting:
 
     def _departments(self, s: Session, now: float) -> dict[str, DepartmentBurst]:
         start, end = month(now)
+        bills: dict[str, list[BurstNodeRow]] = {}
+        for row in billed(s, start, now):  # one read for every department's month
+            bills.setdefault(row.department, []).append(row)
         out = {}
         for q in s.scalars(select(QueueRow).where(QueueRow.parent_id.is_(None)).order_by(QueueRow.name)):
             if q.burst_budget_micro is None:
                 continue
             pace = accrued(q.burst_budget_micro, now - start, end - start) if q.burst_paced else None
+            spent = spent_micro(bills.get(q.name, []), start, now)
             out[q.name] = DepartmentBurst(
-                q.name, q.burst_after_s, q.burst_budget_micro, spent_micro(billed(s, start, now, q.name), start, now),
-                q.burst_stop_at_budget, accrued_micro=pace,
-            )  # fmt: skip
+                q.name, q.burst_after_s, q.burst_budget_micro, spent, q.burst_stop_at_budget, accrued_micro=pace
+            )
         return out
 
     def _write(
