@@ -189,6 +189,7 @@ def build(settings: Settings) -> tuple[Context, str | None]:
         cluster_down_after_s=settings.cluster_down_after_s,
         bursting=Bursting(kube_provider, settings.burst_interval_s, settings.burst_lookahead_s),
         api_url=settings.code_url or settings.public_base_url,
+        mlflow=settings.mlflow_command,
     )
     studies = Studies(settings.database_url)
     driver = SweepDriver(sessions, backend, studies, _trial_submitter(settings, backend), settings.sweep_interval_s)

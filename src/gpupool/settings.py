@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     burst_lookahead_s: float = Field(3600.0, gt=0, le=30 * 86400)
     """A node is rented only if the department's budget covers every node it holds for this long, the new one too."""
     default_image: str = "python:3.12-slim"
+    mlflow_command: str = Field("mlflow", min_length=1, max_length=512)
+    """The `mlflow` that serves an inference workload's --model: a path on the hosts (local backend), or a name on
+    the image's PATH (kubernetes)."""
     gpus: str = "auto"
     """'auto' (NVML, else simulated), 'nvml', or 'fake:<count>x<model>-<memory GB>[,...]'."""
     pool: str = "default"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from gpupool.backends.base import DeviceGrant, LaunchSpec
@@ -14,6 +17,7 @@ from gpupool.backends.kubernetes.manifests import (
     pod_name,
     reservation_manifest,
 )
+from gpupool.control.mlflow_runs import serving
 
 
 def _node(**over: object) -> dict[str, object]:
@@ -155,3 +159,25 @@ def test_reservation_pods_are_restricted_and_run_as_nobody() -> None:
         "automountServiceAccountToken": False, "hostNetwork": False, "hostPID": False, "hostIPC": False,
         "volumes": None, "container": RESTRICTED_CONTAINER,
     }  # fmt: skip
+
+
+def test_an_init_command_runs_to_its_end_before_the_command_in_a_working_directory_of_its_own(
+    tmp_path: Path,
+) -> None:
+    init, argv = serving("/opt/mlflow/bin/mlflow", "models:/doubler/1")
+    pod = pod_manifest(_spec(kind="inference", argv=argv, init=init, port=8080), "gpupool-vision", "img:1")
+    main = pod["spec"]["containers"][0]
+    assert main["command"][:2] == ["/bin/sh", "-c"] and main["command"][3:] == ["gpupool-init", *argv]
+    assert main["workingDir"] == "/workspace" and main["volumeMounts"] == [{"name": "code", "mountPath": "/workspace"}]
+    assert pod["spec"]["volumes"] == [{"name": "code", "emptyDir": {}}]
+
+    # What that shell runs: the init (its words kept whole), then the command, only if the init succeeded.
+    def run(init: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+        shell = pod_manifest(_spec(argv=("sh", "-c", 'cat "$0"', "made"), init=init), "ns", "img")
+        command = shell["spec"]["containers"][0]["command"]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+
+    done = run(("sh", "-c", 'printf "%s" "$0" > made', "it's ready"))
+    assert (done.returncode, done.stdout) == (0, "it's ready")
+    failed = run(("sh", "-c", "rm -f made; exit 3"))
+    assert (failed.returncode, failed.stdout) == (3, "")

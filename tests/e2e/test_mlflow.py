@@ -1,7 +1,7 @@
 """Experiment tracking with a real MLflow tracking server (installed from PyPI into an environment of its own, whose
 dependencies would clash with the server's): a project names the server, a training job's run is made by gpupool
 and tagged with who and what ran, and the job's own `mlflow.start_run()` logs a metric and a model into it, which
-is then registered."""
+is then registered and served by an inference workload (MLflow's own model server) through gpupool's proxy."""
 
 from __future__ import annotations
 
@@ -75,10 +75,12 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_a_tracked_job_logs_into_the_run_gpupool_made_and_tagged_and_registers_its_model(
-    make_server: Callable[..., Server], mlflow_server: str
+def test_a_tracked_job_logs_into_the_run_gpupool_made_and_tagged_and_its_registered_model_is_served(
+    make_server: Callable[..., Server], mlflow_server: str, tmp_path: Path
 ) -> None:
-    s = make_server("fake:2xH100-80GB")
+    config = tmp_path / "settings.yaml"
+    config.write_text(f"mlflow_command: {ENV / 'bin' / 'mlflow'}\n")
+    s = make_server("fake:2xH100-80GB", "--config", str(config))
     s.cli("project", "create", "vision", "--deserved-gpus", "1")
     assert s.cli("project", "set", "vision", "--mlflow-uri", mlflow_server).stdout.endswith(f"MLflow {mlflow_server}\n")
     ana = s.json("user", "create", "ana", "--project", "vision")["token"]
@@ -106,3 +108,51 @@ def test_a_tracked_job_logs_into_the_run_gpupool_made_and_tagged_and_registers_i
     assert [(v["version"], v["run_id"]) for v in versions] == [("1", run_id)]
     described = s.cli("describe", "train", token=ana).stdout
     assert f"MLflow run:  {done['mlflow_run_url']}\n" in described
+
+    # The registered model, served on a quarter of a GPU by an inference workload with no command of its own.
+    s.cli("project", "set", "vision", "--production-allowed")
+    s.cli("submit", "-p", "vision", "--type", "inference", "--name", "serve", "--gpu", "0.25", "--no-code",
+          "--model", "models:/doubler/1", token=ana)  # fmt: skip
+    serving = s.wait_state("serve", "running", "failed", timeout=120)
+    assert serving["state"] == "running", s.cli("logs", "serve", token=ana).stdout
+    assert serving["model"] == "models:/doubler/1"
+    assert serving["mlflow_run_url"] is None  # serving makes no run
+    assert "Model:       models:/doubler/1\n" in s.cli("describe", "serve", token=ana).stdout
+    url = f"{s.url}/apps/vision/serve/invocations"
+    auth = {"Authorization": f"Bearer {ana}"}
+
+    def predicted() -> dict[str, object] | None:
+        try:
+            r = httpx.post(url, json={"inputs": [1, 2, 3]}, headers=auth, timeout=10)
+        except httpx.HTTPError:
+            return None
+        return r.json() if r.status_code == 200 else None
+
+    assert wait_for(predicted, 180, "a prediction through gpupool's proxy") == {"predictions": [2, 4, 6]}
+    assert httpx.post(url, json={"inputs": [1]}, timeout=10).status_code == 401
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_model_is_served_only_by_an_inference_workload_with_a_tracking_server(
+    make_server: Callable[..., Server],
+) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "vision", "--deserved-gpus", "1")
+    base = ["submit", "-p", "vision", "--no-code", "--gpu", "0.5", "--model", "models:/doubler/1"]
+    cases = {
+        ("--type", "training"): "--model serves a model: it goes with --type inference, not training",
+        ("--type", "inference"): "--model needs an MLflow tracking server: --mlflow URL, or `gpupool project set "
+        "--mlflow-uri`",
+        ("--type", "inference", "--mlflow", "http://127.0.0.1:9", "--", "python", "x.py"): "--model runs MLflow's "
+        "model server: leave out the command",
+    }
+    for extra, message in cases.items():
+        done = s.cli(*base, *extra, check=False)
+        assert done.returncode == 1 and message in done.stderr, (extra, done.stderr)
+    bad = s.cli("submit", "-p", "vision", "--no-code", "--type", "inference", "--model", "s3://bucket/m", check=False)
+    assert (bad.returncode, bad.stderr) == (
+        2,
+        "error: model: Value error, expected an MLflow model URI: models:/NAME/VERSION, "
+        "models:/NAME@ALIAS or runs:/RUN/PATH\n",
+    ), bad.stderr
+    assert s.json("list") == []

@@ -155,6 +155,10 @@ def submit(
     mlflow: Annotated[
         str | None, typer.Option("--mlflow", help="An MLflow tracking server for its run (default: its project's).")
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="Serve this MLflow model (models:/NAME/VERSION) with no command (inference)."),
+    ] = None,
     on_cluster_lost: Annotated[
         str | None,
         typer.Option(
@@ -210,7 +214,7 @@ def submit(
             "project": project, "name": name, "type": type_, "gpu": gpu, "gpus": gpus,
             "gpu_memory": gpu_memory, "cpu": cpu, "memory": memory, "pools": pools or [],
             "gpu_models": gpu_models or [], "image": image, "volumes": mounts, "clusters": clusters or [],
-            "on_cluster_lost": _lost_policy(on_cluster_lost), "mlflow_uri": mlflow,
+            "on_cluster_lost": _lost_policy(on_cluster_lost), "mlflow_uri": mlflow, "model": model,
             "workers": workers, "priority": priority, "preemptible": preemptible, "port": port, "env": pairs,
             "command": list(command or []), "grace_s": grace, "max_duration_s": max_duration,
         }  # fmt: skip

@@ -154,6 +154,8 @@ def describe_text(d: WorkloadDetail) -> None:
         print(f"Image:       {d.image}")
     if d.mlflow_run_url:
         print(f"MLflow run:  {d.mlflow_run_url}")
+    if d.model:
+        print(f"Model:       {d.model}")
     if d.rightsizing is not None:
         print(f"Right-size:  {d.rightsizing.message}")
     for a in d.allocations:

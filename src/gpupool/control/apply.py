@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from gpupool.backends.base import Backend, DeviceGrant, LaunchSpec, LaunchWaits
+from gpupool.control import mlflow_runs
 from gpupool.core import Decision
 from gpupool.failpoints import failpoint
 from gpupool.lifecycle import transitions as lifecycle
@@ -104,6 +105,7 @@ def launch_spec(
     app_socket: Callable[[str], str] | None = None,
     secrets: dict[str, str] | None = None,
     pod_security: str = "restricted",
+    mlflow: str = "mlflow",
 ) -> LaunchSpec:
     models = {int(d["index"]): d for d in (node.devices if node else [])}
     grants = tuple(
@@ -118,6 +120,9 @@ def launch_spec(
     )
     env = {str(k): str(v) for k, v in row.env.items()}
     argv: tuple[str, ...] = tuple(row.command)
+    init: tuple[str, ...] = ()
+    if row.mlflow and row.mlflow.get("model"):
+        init, argv = mlflow_runs.serving(mlflow, str(row.mlflow["model"]))
     if row.type == "notebook" and app_socket is not None:
         argv = notebook_argv(app_socket(alloc.id), app_path(project, row.name))
         env["JUPYTER_TOKEN"] = row.app_token or ""
@@ -130,6 +135,7 @@ def launch_spec(
         kind=row.type,
         argv=argv,
         env=env,
+        init=init,
         devices=grants,
         rank=alloc.member,
         world_size=row.workers,
@@ -173,6 +179,7 @@ def act(
     secrets: Callable[[int], dict[str, str]] | None = None,
     pod_security: dict[int, str] | None = None,
     own: Callable[[WorkloadRow], dict[str, str]] | None = None,
+    mlflow: str = "mlflow",
 ) -> tuple[list[EventRow], bool]:
     """Launch what is bound, signal what is stopping, promote what answers. `own(row)`: what each launch is
     given to call the API as its workload (gpupool.store.workload_tokens). Returns events and whether
@@ -191,7 +198,8 @@ def act(
                 if own is not None:  # the workload's own API token and where to call: a secret too
                     env = {**(env or {}), **own(row)}
                 level = (pod_security or {}).get(row.project_id, "restricted")
-                spec = launch_spec(row, alloc, projects[row.project_id], nodes.get(alloc.node), app_socket, env, level)
+                node = nodes.get(alloc.node)
+                spec = launch_spec(row, alloc, projects[row.project_id], node, app_socket, env, level, mlflow)
                 pending.append((alloc, spec))
             elif alloc.state == AllocPhase.BOUND:
                 lifecycle.move_alloc(alloc, AllocPhase.ENDED)  # stopped before it ever started

@@ -83,8 +83,9 @@ class Controller:
         bursting: Bursting | None = None,
         after_cycle: Sequence[Callable[[float], None]] = (),
         api_url: str | None = None,
+        mlflow: str = "mlflow",
     ) -> None:
-        self.api_url = api_url
+        self.api_url, self.mlflow = api_url, mlflow
         """Where a workload's processes call the API (GPUPOOL_URL, with its own GPUPOOL_TOKEN); None: not told."""
         self._token_key: bytes | None = None
         self.gang_timeout_s = gang_timeout_s
@@ -357,8 +358,9 @@ class Controller:
             return self._launch_all(launch, [replace(x, volumes=mounts.get(x.workload_id, ())) for x in specs])
 
         with self._step("act"):
+            own = self._own(s, projects)
             events, busy = act(
-                acting, projects, nodes, self.backend, now, launcher, project_secrets, levels, self._own(s, projects)
+                acting, projects, nodes, self.backend, now, launcher, project_secrets, levels, own, self.mlflow
             )
             s.add_all(events)
         failpoint("cycle.before-events")

@@ -33,9 +33,12 @@ def run_url(mlflow: dict[str, Any] | None) -> str | None:
 
 
 def environment(row: WorkloadRow, project: str, owner: str) -> dict[str, str]:
-    """The run of the row's current attempt (made if it has none yet; the row then records it) as environment."""
+    """The run of the row's current attempt (made if it has none yet; the row then records it) as environment.
+    A served model makes no run: its server only reads the registry."""
     m = dict(row.mlflow or {})
     uri = str(m["uri"]).rstrip("/")
+    if m.get("model"):
+        return {"MLFLOW_TRACKING_URI": uri}
     if m.get("attempt") != row.attempt or not m.get("run_id"):
         experiment, run = _ensure(uri, row, project, owner)
         row.mlflow = m | {"experiment_id": experiment, "run_id": run, "attempt": row.attempt}
@@ -90,3 +93,19 @@ def _call(http: httpx.Client, method: str, path: str, body: dict[str, Any]) -> d
         raise MlflowError(f"MLflow answered {r.status_code}: {r.text[:200]}")
     out: dict[str, Any] = r.json()
     return out
+
+
+MODEL_DIR = ".gpupool-model"
+"""Where a served model is downloaded to, in the member's working directory."""
+# `mlflow` starts uvicorn by name: the environment it comes from goes first on PATH.
+_ITS_PATH = 'PATH="$(dirname "$(command -v "$0")"):$PATH"; export PATH; '
+
+
+def serving(mlflow: str, model: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The (init, argv) of a member serving `model` with MLflow's model server, `mlflow` being the executable.
+    The model is downloaded first, with the network, so the server needs none but its port's (a service on the
+    local backend has a network of its own, reached only through gpupool's proxy)."""
+    fetch = 'rm -rf "$2"; exec "$0" artifacts download -u "$1" -d "$2"'
+    init = ("/bin/sh", "-c", _ITS_PATH + fetch, mlflow, model, MODEL_DIR)
+    serve = 'exec "$0" models serve -m "$1" --env-manager local --host 0.0.0.0 --port "$PORT"'
+    return init, ("/bin/sh", "-c", _ITS_PATH + serve, mlflow, MODEL_DIR)

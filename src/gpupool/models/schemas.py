@@ -6,10 +6,11 @@ The client and the CLI import these too, so this module depends on pydantic only
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Generic, Literal
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, field_validator
 
 from gpupool.models.attempts import AttemptPublic, HistoryItem, RetryPolicy
 from gpupool.models.clusters import CLUSTER_LOST_AFTER_S, ClusterLostPolicy, ClusterLostPolicyPublic
@@ -194,9 +195,21 @@ class WorkloadCreate(Wire):
         None, max_length=512, pattern=MLFLOW_URI,
         description="An MLflow tracking server (default: its project's): it gets a run, tagged with what ran.",
     )  # fmt: skip
+    model: str | None = Field(
+        None, max_length=512,
+        description="An inference service with no command: this MLflow model (models:/NAME/VERSION, models:/NAME@ALIAS "
+        "or runs:/RUN/PATH) from its tracking server, served by MLflow's own model server on its port (8080).",
+    )  # fmt: skip
     retry: RetryPolicy | None = None
     volumes: list[VolumeMount] = Field(default_factory=list, max_length=16)
     """The project's volumes it mounts, each at its own absolute path."""
+
+    @field_validator("model")
+    @classmethod
+    def _model_uri(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"(models|runs):/[^\s/][^\s]*", v):
+            raise ValueError("expected an MLflow model URI: models:/NAME/VERSION, models:/NAME@ALIAS or runs:/RUN/PATH")
+        return v
 
 
 class DevicePublic(Reply):
@@ -334,6 +347,8 @@ class WorkloadDetail(WorkloadPublic):
     history: list[HistoryItem] = Field(default_factory=list)
     origin: WorkloadOrigin | None = None
     mlflow_run_url: str | None = None
+    model: str | None = None
+    """The MLflow model it serves."""
     """Its current attempt's run in MLflow's UI, where it is tracked and the run is made."""
     """Where it comes from when gpupool did not take its submission: the Kubernetes pod it schedules."""
 

@@ -98,7 +98,7 @@ def check_text(body: WorkloadCreate) -> None:
             raise Invalid("a notebook runs JupyterLab; it takes no command")
         if body.workers > 1:
             raise Invalid("a notebook has one member; workers is for training")
-    elif not body.command:
+    elif not body.command and body.model is None:
         raise Invalid(f"a {body.type} workload needs a command (after --)")
     if body.workers > 1 and body.type not in ("training", "batch"):
         raise Invalid("only training and batch workloads can have several workers")

@@ -159,4 +159,5 @@ def workload_detail(
         rightsizing=rightsizing,
         origin=WorkloadOrigin.model_validate(row.origin) if row.origin else None,
         mlflow_run_url=run_url(row.mlflow),
+        model=(row.mlflow or {}).get("model"),
     )

@@ -73,6 +73,9 @@ def submit(
         )
         if prior is not None:
             return _replay(session, prior), False
+    tracking = body.mlflow_uri or project.mlflow_uri
+    if body.model is not None:
+        _check_model(body, tracking)
     check_text(body)
     if body.type == "notebook" and not notebooks:
         raise Invalid("notebooks need JupyterLab on the server: install gpupool[apps]")
@@ -114,7 +117,7 @@ def submit(
         gpu_models=list(body.gpu_models),
         clusters=list(body.clusters),
         cluster_lost_after_s=cluster_lost_after(body),
-        mlflow={"uri": uri.rstrip("/")} if (uri := body.mlflow_uri or project.mlflow_uri) else None,
+        mlflow=_tracking(tracking, body.model),
         command=list(body.command),
         image=body.image,
         code=body.code,
@@ -124,7 +127,7 @@ def submit(
         retry=body.retry.model_dump(mode="json") if body.retry is not None else None,
         attempts=[],
         live_name=name,
-        port=body.port,
+        port=MODEL_PORT if body.model is not None and body.port is None else body.port,
         grace_s=default_grace_s if body.grace_s is None else body.grace_s,
         max_duration_s=body.max_duration_s,
         app_token=secrets.token_urlsafe(24) if body.type == "notebook" else None,
@@ -374,3 +377,25 @@ def cluster_lost_after(body: WorkloadCreate) -> float | None:
     if policy is None:
         return None if body.type == "notebook" else CLUSTER_LOST_AFTER_S
     return None if policy.action == "wait" else policy.after_s
+
+
+MODEL_PORT = 8080
+"""Where a model server listens unless its workload names a port."""
+
+
+def _check_model(body: WorkloadCreate, tracking: str | None) -> None:
+    if body.type != "inference":
+        raise Invalid(f"--model serves a model: it goes with --type inference, not {body.type}")
+    if body.command:
+        raise Invalid("--model runs MLflow's model server: leave out the command")
+    if body.image is not None:
+        raise Invalid("--model runs MLflow's model server as the server's settings name it: leave out --image")
+    if tracking is None:
+        raise Invalid("--model needs an MLflow tracking server: --mlflow URL, or `gpupool project set --mlflow-uri`")
+
+
+def _tracking(uri: str | None, model: str | None) -> dict[str, Any] | None:
+    """The row's MLflow: its tracking server, and the model it serves (a served model makes no run)."""
+    if uri is None:
+        return None
+    return {"uri": uri.rstrip("/")} | ({"model": model} if model is not None else {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -300,6 +301,12 @@ def pod_manifest(
         container["envFrom"] = [{"secretRef": {"name": SECRETS}}]
     if spec.argv:
         container["command"] = list(spec.argv)
+    if spec.init:  # a pod has the network its command has: one container runs both, in a directory of its own
+        container["command"] = ["/bin/sh", "-c", f'{shlex.join(spec.init)} && exec "$@"', "gpupool-init", *spec.argv]
+        if code is None:
+            pod_spec["volumes"] = [{"name": "code", "emptyDir": {}}]
+            container["volumeMounts"] = [{"name": "code", "mountPath": CODE_DIR}]
+            container["workingDir"] = CODE_DIR
     if spec.port is not None:
         container["ports"] = [{"containerPort": spec.port}]
     if code is not None:

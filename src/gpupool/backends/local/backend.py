@@ -420,6 +420,7 @@ class LocalBackend:
             shared=(str(self._mps.pipe_dir), str(self._mps.log_dir)) if self._mps is not None else (),
             image=spec.image,
             kind=spec.kind,
+            init=spec.init,
             mounts=tuple((str(self.volumes.paths(v.project, v.name)[0]), v.path, v.read_only) for v in spec.volumes),
         )
 

@@ -117,12 +117,19 @@ def find_uv() -> str | None:
 
 
 def builder_argv(
-    p: Plan, reason_file: Path, server_prefix: str, inside: str | None, box: list[str], owner: int | None
+    p: Plan,
+    reason_file: Path,
+    server_prefix: str,
+    inside: str | None,
+    box: list[str],
+    owner: int | None,
+    init: tuple[str, ...] = (),
 ) -> list[str]:
-    """The command that builds (or finds) the environment, puts it first on PATH and runs the rest of its words.
-    `box` runs the build sandboxed (its environment seen at `inside`, writable) as `owner`; empty: as it is."""
+    """The command that builds (or finds) the environment, puts it first on PATH, runs `init` (in the build's
+    box) and then the rest of its words. `box` runs the build sandboxed (its environment seen at `inside`,
+    writable) as `owner`; empty: as it is."""
     argv = [sys.executable, "-I", __file__, "--env", str(p.path), "--python", p.python, "--reason", str(reason_file)]
-    argv += ["--strip", server_prefix, "--box", json.dumps(box)]
+    argv += ["--strip", server_prefix, "--box", json.dumps(box), "--init", json.dumps(list(init))]
     if owner is not None:
         argv += ["--owner", str(owner)]
     for source in p.sources:
@@ -216,6 +223,7 @@ def main(args: list[str]) -> None:
     parser.add_argument("--inside", default=None)
     parser.add_argument("--box", default="[]")
     parser.add_argument("--owner", type=int, default=None)
+    parser.add_argument("--init", default="[]")
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     ns = parser.parse_args(args)
     os.umask(0o022)
@@ -232,6 +240,15 @@ def main(args: list[str]) -> None:
     os.environ["VIRTUAL_ENV"] = seen
     os.environ["PATH"] = _path(f"{seen}/bin", os.environ.get("PATH", ""), ns.strip)
     os.environ.pop("PYTHONHOME", None)
+    init = json.loads(ns.init)
+    if init:  # in the build's sandbox, which has the network where the member's own may not
+        code = subprocess.run([*json.loads(ns.box), *init], check=False).returncode
+        if code != 0:
+            message = f"its init command failed (exit status {code}): see its log"
+            print(f"gpupool: {message}", flush=True)
+            with contextlib.suppress(OSError):
+                ns.reason.write_text(message)
+            sys.exit(BUILD_FAILED)
     rest = ns.rest[1:] if ns.rest[:1] == ["--"] else ns.rest
     os.execvp(rest[0], rest)
 

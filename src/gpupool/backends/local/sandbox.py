@@ -161,6 +161,8 @@ class Member:
     """The workload's type (a notebook's environment has JupyterLab)."""
     mounts: tuple[tuple[str, str, bool], ...] = ()
     """Project volumes: (host directory, path inside, read-only)."""
+    init: tuple[str, ...] = ()
+    """Run to its end first, in the build's box (with the network); the member starts only if it succeeds."""
 
 
 def drop(uid: int) -> list[str]:
@@ -232,15 +234,18 @@ class Sandbox:
         # A notebook runs the environment's Python (which has JupyterLab), never the server's.
         inner = tuple(f"{seen}/bin/python" if a == sys.executable else a for a in argv[:1]) + argv[1:]
         if not self.isolation.sandboxed:
-            return (*envs.builder_argv(plan, reason, sys.prefix, None, [], None), *inner), ()
+            return (*envs.builder_argv(plan, reason, sys.prefix, None, [], None, member.init), *inner), ()
         uid = self.uid(member.project_id)
         cache = str(root / ".uv-cache")
+        if not os.path.isdir(cache):  # the build's box binds it, and a member with nothing to install made none
+            os.mkdir(cache, 0o700)
+            os.chown(cache, uid, uid)
         uv = envs.find_uv()
         tools = ["--ro-bind", uv, uv] if uv is not None else []
         build_box = self._box(
             member, ["--bind", str(plan.path), envs.INSIDE, "--bind", cache, envs.CACHE_INSIDE, *tools], False
         )
-        builder = envs.builder_argv(plan, reason, sys.prefix, envs.INSIDE, [*build_box, *drop(uid)], uid)
+        builder = envs.builder_argv(plan, reason, sys.prefix, envs.INSIDE, [*build_box, *drop(uid)], uid, member.init)
         box = self._box(member, ["--ro-bind", str(plan.path), envs.INSIDE], member.private_network)
         if member.private_network and member.port is not None:
             # The service listens on its port inside its own network; only the app socket leads there.
