@@ -346,11 +346,11 @@ class WorkloadDetail(WorkloadPublic):
     """Its attempts, the one under way last; `history` holds earlier workloads of its name."""
     history: list[HistoryItem] = Field(default_factory=list)
     origin: WorkloadOrigin | None = None
+    """Where it comes from when gpupool did not take its submission: the Kubernetes pod it schedules."""
     mlflow_run_url: str | None = None
+    """Its current attempt's run in MLflow's UI, where it is tracked and the run is made."""
     model: str | None = None
     """The MLflow model it serves."""
-    """Its current attempt's run in MLflow's UI, where it is tracked and the run is made."""
-    """Where it comes from when gpupool did not take its submission: the Kubernetes pod it schedules."""
 
 
 class Page(Reply, Generic[T]):

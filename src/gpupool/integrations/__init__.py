@@ -1,0 +1,2 @@
+"""gpupool under the tools data scientists already use: each integration is an extra (`gpupool[zenml]`) and
+imports its tool only when used."""
