@@ -6,10 +6,8 @@ is then registered and served by an inference workload (MLflow's own model serve
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,10 +15,10 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server, wait_for
+from tests.e2e.envs import OPT, environment
 from tests.kubernetes.cluster import free_port
 
-UV = Path(sys.executable).parent / "uv"
-ENV = Path(sys.prefix) / "opt" / "mlflow"
+ENV = OPT / "mlflow"
 """Inside the test environment, so a workload's sandbox (which sees that environment, read-only) runs its Python."""
 TRAIN = """
 import mlflow, mlflow.pyfunc
@@ -38,12 +36,7 @@ print("trained", run.info.run_id, flush=True)
 
 
 def _mlflow_env() -> Path:
-    python = ENV / "bin" / "python"
-    if not (ENV / "bin" / "mlflow").exists():
-        shutil.rmtree(ENV, ignore_errors=True)
-        subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(ENV)], check=True)
-        subprocess.run([str(UV), "pip", "install", "-q", "--python", str(python), "mlflow>=3.1,<4"], check=True)
-    return python
+    return environment("mlflow", "mlflow>=3.1,<4")
 
 
 @pytest.fixture(scope="module")

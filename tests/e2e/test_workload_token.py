@@ -3,8 +3,6 @@ login: each launch gets its own token, with its owner's rights in its project at
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,9 +10,9 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server, wait_for
+from tests.e2e.envs import OPT, environment
 
-REPO = Path(__file__).resolve().parents[2]
-CLIENT = Path(sys.prefix) / "opt" / "client"
+CLIENT = OPT / "client"
 """gpupool installed as a user would (not editable: a workload's sandbox sees the test environment, read-only, and
 not the checkout), inside the test environment."""
 GPUPOOL = CLIENT / "bin" / "gpupool"
@@ -31,12 +29,7 @@ exec sleep 300
 
 @pytest.fixture(scope="module")
 def client_env() -> Path:
-    uv = Path(sys.executable).parent / "uv"
-    if not (CLIENT / "bin" / "python").exists():
-        subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(CLIENT)], check=True)
-    python = CLIENT / "bin" / "python"
-    subprocess.run([str(uv), "pip", "install", "-q", "--python", str(python), "--reinstall-package", "gpupool",
-                    str(REPO)], check=True)  # fmt: skip
+    environment("client", checkout="")
     return GPUPOOL
 
 

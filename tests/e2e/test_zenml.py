@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import Server
+from tests.e2e.envs import OPT, environment
 
-REPO = Path(__file__).resolve().parents[2]
-ENV = Path(sys.prefix) / "opt" / "zenml"
-ZENML = ENV / "bin" / "zenml"
+ZENML = OPT / "zenml" / "bin" / "zenml"
 PIPELINE = """
 import json, os
 from pathlib import Path
@@ -66,23 +63,11 @@ if __name__ == "__main__":
 """
 
 
-def _zenml_env() -> Path:
-    """ZenML and gpupool[zenml] as a user installs them (gpupool not editable: this checkout, built)."""
-    uv = Path(sys.executable).parent / "uv"
-    python = ENV / "bin" / "python"
-    if not ZENML.exists():
-        shutil.rmtree(ENV, ignore_errors=True)
-        subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(ENV)], check=True)
-    subprocess.run([str(uv), "pip", "install", "-q", "--python", str(python), "--reinstall-package", "gpupool",
-                    f"{REPO}[zenml]"], check=True)  # fmt: skip
-    return python
-
-
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_zenml_pipeline_runs_each_step_as_a_workload_and_zenml_retries_the_failed_one(
     make_server: Callable[..., Server], tmp_path: Path
 ) -> None:
-    python = _zenml_env()
+    python = environment("zenml", checkout="zenml")  # gpupool[zenml] as a user installs it, not editable
     # Single-user: the steps reach the pipeline's SQLite store and local artifact store on this host (a multi-tenant
     # server's sandboxed workloads need a ZenML server and a remote artifact store: docs/zenml.md).
     s = make_server("fake:2xH100-80GB", "--single-user")
