@@ -4,11 +4,20 @@ environment, read-only) can run them. Built once per machine and reused."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import os
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OPT = Path(sys.prefix) / "opt"
@@ -35,3 +44,39 @@ def environment(name: str, *requirements: str, checkout: str | None = None) -> P
             subprocess.run([str(UV), "pip", "install", "-q", "--python", str(python), "--reinstall-package", "gpupool",
                             spec], check=True)  # fmt: skip
     return python
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path) -> Iterator[str]:
+    """A real MLflow tracking server (from PyPI, in its own environment) keeping its runs and artifacts in `root`;
+    its address."""
+    python = environment("mlflow", "mlflow>=3.1,<4")
+    port = free_port()
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - the server keeps it for its whole life
+    proc = subprocess.Popen(
+        [str(python), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+
+        def up() -> bool:
+            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+            try:
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, 120, "the MLflow server")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the server and the uvicorn it starts
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def mlflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server for the module's tests: import it into the test module."""
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url

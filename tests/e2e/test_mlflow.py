@@ -5,18 +5,15 @@ is then registered and served by an inference workload (MLflow's own model serve
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.e2e.conftest import Server, wait_for
-from tests.e2e.envs import OPT, environment
-from tests.kubernetes.cluster import free_port
+from tests.e2e.envs import OPT
+from tests.e2e.envs import mlflow as mlflow
 
 ENV = OPT / "mlflow"
 """Inside the test environment, so a workload's sandbox (which sees that environment, read-only) runs its Python."""
@@ -35,47 +32,15 @@ print("trained", run.info.run_id, flush=True)
 """
 
 
-def _mlflow_env() -> Path:
-    return environment("mlflow", "mlflow>=3.1,<4")
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    python = _mlflow_env()
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - the server keeps it for its whole life
-    proc = subprocess.Popen(
-        [str(python), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def up() -> bool:
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            try:
-                return httpx.get(f"{url}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, 120, "the MLflow server")
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the server and the uvicorn it starts
-        proc.wait(30)
-
-
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_tracked_job_logs_into_the_run_gpupool_made_and_tagged_and_its_registered_model_is_served(
-    make_server: Callable[..., Server], mlflow_server: str, tmp_path: Path
+    make_server: Callable[..., Server], mlflow: str, tmp_path: Path
 ) -> None:
     config = tmp_path / "settings.yaml"
     config.write_text(f"mlflow_command: {ENV / 'bin' / 'mlflow'}\n")
     s = make_server("fake:2xH100-80GB", "--config", str(config))
     s.cli("project", "create", "vision", "--deserved-gpus", "1")
-    assert s.cli("project", "set", "vision", "--mlflow-uri", mlflow_server).stdout.endswith(f"MLflow {mlflow_server}\n")
+    assert s.cli("project", "set", "vision", "--mlflow-uri", mlflow).stdout.endswith(f"MLflow {mlflow}\n")
     ana = s.json("user", "create", "ana", "--project", "vision")["token"]
     s.cli("submit", "-p", "vision", "--name", "train", "--gpus", "1", "--no-code", "--",
           str(ENV / "bin" / "python"), "-c", TRAIN, token=ana)  # fmt: skip
@@ -83,9 +48,9 @@ def test_a_tracked_job_logs_into_the_run_gpupool_made_and_tagged_and_its_registe
     assert done["state"] == "succeeded", s.cli("logs", "train", token=ana).stdout
 
     run_id = done["mlflow_run_url"].rsplit("/", 1)[1]
-    assert done["mlflow_run_url"].startswith(f"{mlflow_server}/#/experiments/")
+    assert done["mlflow_run_url"].startswith(f"{mlflow}/#/experiments/")
     assert f"trained {run_id}" in s.cli("logs", "train", token=ana).stdout
-    run = httpx.get(f"{mlflow_server}/api/2.0/mlflow/runs/get", params={"run_id": run_id}).json()["run"]
+    run = httpx.get(f"{mlflow}/api/2.0/mlflow/runs/get", params={"run_id": run_id}).json()["run"]
     tags = {t["key"]: t["value"] for t in run["data"]["tags"] if t["key"].startswith("gpupool.")}
     assert tags == {
         "gpupool.attempt": f"{done['id']}-0", "gpupool.workload": "vision/train",
@@ -93,10 +58,10 @@ def test_a_tracked_job_logs_into_the_run_gpupool_made_and_tagged_and_its_registe
         "gpupool.gpus": "1", "gpupool.workers": "1",
     }  # fmt: skip
     assert [(m["key"], m["value"]) for m in run["data"]["metrics"]] == [("loss", 0.25)]
-    experiment = httpx.get(f"{mlflow_server}/api/2.0/mlflow/experiments/get",
+    experiment = httpx.get(f"{mlflow}/api/2.0/mlflow/experiments/get",
                            params={"experiment_id": run["info"]["experiment_id"]}).json()  # fmt: skip
     assert experiment["experiment"]["name"] == "vision"
-    versions = httpx.get(f"{mlflow_server}/api/2.0/mlflow/registered-models/get-latest-versions",
+    versions = httpx.get(f"{mlflow}/api/2.0/mlflow/registered-models/get-latest-versions",
                          params={"name": "doubler"}).json()["model_versions"]  # fmt: skip
     assert [(v["version"], v["run_id"]) for v in versions] == [("1", run_id)]
     described = s.cli("describe", "train", token=ana).stdout

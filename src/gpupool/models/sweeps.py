@@ -100,7 +100,7 @@ class TrialPublic(Reply):
     value: float | None = None
     last_step: int | None = None
     workload: str | None = None
-    """The workload that runs it (`project/name`)."""
+    """The name of the workload that runs it, in the sweep's project."""
 
 
 class SweepPublic(Reply):

@@ -2,6 +2,7 @@
 // Everything shown that came from a user goes through text nodes or esc(), never raw HTML.
 import { barChart, budgetChart, lineChart } from "./charts.js";
 import { QUEUED, TERMINAL, Stale, adviceLine, age, api, call, el, esc, flagged, fmt, main, pageOf, ref, show, state, viaPortal } from "./core.js";
+import { sweepPage, sweepsPage } from "./sweeps.js";
 import { workloadPage } from "./workload.js";
 
 const TYPES = ["notebook", "training", "inference", "batch"];
@@ -415,7 +416,9 @@ function budgetsSection(budgets) {
 }
 
 // ---- routing ---------------------------------------------------------------------------------------------
-const PAGES = { workloads: workloadsPage, cluster: clusterPage, quotas: quotasPage, waste: wastePage, costs: costsPage };
+const PAGES = { workloads: workloadsPage, sweeps: sweepsPage, cluster: clusterPage, quotas: quotasPage, waste: wastePage, costs: costsPage };
+// One workload's or one sweep's own page: #/<page>/<project>/<name>.
+const DETAIL = { workloads: workloadPage, sweeps: sweepPage };
 
 async function route() {
   clearInterval(state.timer);
@@ -426,7 +429,8 @@ async function route() {
   // Signed in or not is the session cookie's to say (HttpOnly: only the server reads it), so a new tab asks.
   if (!state.me) { try { await start(); } catch (e) { if (mine === state.view) loginPage(); } return; }
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === page));
-  const draw = page === "workloads" && rest.length === 2 ? (m) => workloadPage(m, decodeURIComponent(rest[0]), decodeURIComponent(rest[1])) : PAGES[page] || workloadsPage;
+  const detail = Object.hasOwn(DETAIL, page) && rest.length === 2 ? DETAIL[page] : null;
+  const draw = detail ? (m) => detail(m, decodeURIComponent(rest[0]), decodeURIComponent(rest[1])) : (Object.hasOwn(PAGES, page) && PAGES[page]) || workloadsPage;
   try { await draw(mine); } catch (e) {
     if (!(e instanceof Stale) && e.message !== "signed out" && mine === state.view) main.replaceChildren(el(`<p class="error">${esc(e.message)}</p>`));
   }

@@ -56,12 +56,19 @@ function draw(d) {
     ["Owner", d.owner], ["Type", d.type], ["GPUs", d.gpu_request + (d.workers > 1 ? ` × ${d.workers} workers` : "")],
     ["CPU", d.cpu_milli ? `${d.cpu_milli / 1000} cores` : "–"], ["Memory", d.memory_mib ? mib(d.memory_mib) : "–"],
     ["Pools", d.pools.join(", ") || "any"], ["GPU models", d.gpu_models.join(", ") || "any"], ["Image", d.image || "–"],
-    ["Command", (d.command || []).join(" ") || "–"], ["Attempts", d.attempts.length ? d.attempts.map((a) => `${a.number}: ${a.outcome}`).join(", ") : "none yet"],
+    ["Command", (d.command || []).join(" ") || "–"], ...(d.model ? [["Model", d.model]] : []),
+    ...(d.mlflow_run_url ? [["MLflow run", external(d.mlflow_run_url)]] : []), ["Attempts", d.attempts.length ? d.attempts.map((a) => `${a.number}: ${a.outcome}`).join(", ") : "none yet"],
     ["Created", when(d.created_at)], ["Started", when(d.started_at)], ["Finished", when(d.finished_at)],
     ["Exit code", d.exit_code ?? "–"], ["Earlier runs", d.history.length ? d.history.map((h) => `#${h.id} ${h.state}`).join(", ") : "–"],
   ];
   const tbody = document.querySelector("#wl-summary tbody");
-  tbody.replaceChildren(...rows.map(([k, v]) => { const tr = el(`<tr><th></th><td></td></tr>`); tr.cells[0].textContent = k; tr.cells[1].textContent = String(v); return tr; }));
+  tbody.replaceChildren(...rows.map(([k, v]) => {
+    const tr = el(`<tr><th></th><td></td></tr>`);
+    tr.dataset.row = k;
+    tr.cells[0].textContent = k;
+    if (v instanceof Node) tr.cells[1].append(v); else tr.cells[1].textContent = String(v);
+    return tr;
+  }));
   const advice = adviceLine(d);
   document.getElementById("advice")?.remove();
   if (advice) document.getElementById("wl-summary").before(advice);
@@ -70,6 +77,18 @@ function draw(d) {
     : [el(`<tr><td colspan="4" class="reason">None now.</td></tr>`)]));
   document.querySelector("#wl-events tbody").replaceChildren(...d.events.slice().reverse().map((e) => el(`<tr><td>${esc(when(e.at))}</td><td>${esc(e.state)}</td><td><code>${esc(e.code)}</code></td><td>${esc(e.reason)}</td></tr>`)));
   actions(d);
+}
+
+// A link out of the portal (its MLflow run), in a new tab that learns nothing of this one; only http(s) addresses
+// are links, anything else is shown as text.
+function external(url) {
+  let u;
+  try { u = new URL(url); } catch (e) { return url; }
+  if (u.protocol !== "http:" && u.protocol !== "https:") return url;
+  const a = el(`<a id="wl-mlflow" target="_blank" rel="noopener noreferrer"></a>`);
+  a.href = u.href;
+  a.textContent = url;
+  return a;
 }
 
 function actions(d) {
