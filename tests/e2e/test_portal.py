@@ -31,12 +31,18 @@ def _sign_in(page: Page, s: Server, name: str, password: str) -> None:
     expect(page.locator("#who")).to_contain_text(name)
 
 
-def admin_page(browser: Browser, url: str, token: str) -> Page:
-    """A new page of the portal at `url`, signed in with the admin's token."""
+def token_page(browser: Browser, url: str, token: str) -> Page:
+    """A new page of the portal at `url` (its own cookies), signing in with `token`."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(url + "/")
     page.fill("#tok [name=token]", token)
     page.click("#tok button")
+    return page
+
+
+def admin_page(browser: Browser, url: str, token: str) -> Page:
+    """A new page of the portal at `url`, signed in with the admin's token."""
+    page = token_page(browser, url, token)
     expect(page.locator("#who")).to_contain_text("admin")
     return page
 

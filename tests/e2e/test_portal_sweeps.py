@@ -15,7 +15,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.e2e.conftest import Server, wait_for
 from tests.e2e.envs import mlflow as mlflow
-from tests.e2e.test_portal import shot
+from tests.e2e.test_portal import shot, token_page
 
 # (x - 2)² of a whole x: values the CLI and the page print alike.
 OBJECTIVE = "import sys; x = int(sys.argv[1]); print(f'gpupool.result value={(x - 2) ** 2}', flush=True)"
@@ -38,10 +38,7 @@ SLOW = SEARCH | {"name": "slow", "command": ["sleep", "300"], "trials": 2, "para
 
 def _token_page(browser: Browser, s: Server, token: str, who: str) -> Page:
     """A page of its own (its own cookies), signed in with `token`."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(s.url + "/")
-    page.fill("#tok [name=token]", token)
-    page.click("#tok button")
+    page = token_page(browser, s.url, token)
     expect(page.locator("#who")).to_have_text(who)
     return page
 
