@@ -3,6 +3,7 @@ fields, and the JSON Schema of the file that editors validate it with (`gpupool 
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from gpupool.durations import parse_duration
@@ -15,8 +16,26 @@ DURATIONS = (("max_duration", "max_duration_s"), ("grace", "grace_s"))
 """Written as people write them in the file (`4h`, `30s`); the API's fields are in seconds."""
 
 
+FILE_ONLY = ("resources", "workdir", "env_file", "idempotency_key")
+"""Keys of the file that are not the API's fields (read here, or by apply, before the workload is sent)."""
+
+
 class SpecError(ValueError):
     """A workload file that cannot become a WorkloadCreate; the message names the key."""
+
+
+def _unknown(raw: str, key: str, known: list[str], rest: str) -> SpecError:
+    """A key the file may not have, with the known one it most likely meant (a typo is likelier than a new field),
+    then `rest`: where the keys it may have are."""
+    like = difflib.get_close_matches(key, known, n=1)
+    return SpecError(f"{raw}: unknown; {f'did you mean {like[0]!r}? ' if like else ''}{rest}")
+
+
+def fields() -> list[str]:
+    """The top-level keys of a workload file, as its schema has them: the API's fields, durations as the file
+    writes them (max_duration, not max_duration_s), and the file's own keys."""
+    seconds = {api for _, api in DURATIONS}
+    return [*(f for f in WorkloadCreate.model_fields if f not in seconds), *(f for f, _ in DURATIONS), *FILE_ONLY]
 
 
 def _names(key: str, value: Any) -> list[Any]:
@@ -40,7 +59,7 @@ def flatten_resources(data: dict[str, Any]) -> None:
     for raw, value in block.items():
         key = str(raw).replace("-", "_")
         if key not in RESOURCES:
-            raise SpecError(f"resources.{raw}: unknown; expected one of {', '.join(RESOURCES)}")
+            raise _unknown(f"resources.{raw}", key, list(RESOURCES), f"expected one of {', '.join(RESOURCES)}")
         field = _LISTS.get(key, key)
         if field in data:
             raise SpecError(f"resources.{raw}: {field} is given at the top level too; give it once")
@@ -59,8 +78,14 @@ def parse_durations(data: dict[str, Any]) -> None:
 
 
 def normalise(data: dict[str, Any]) -> dict[str, Any]:
-    """The file's mapping with `-` in keys read as `_`, `resources:` flattened and durations in seconds."""
+    """The file's mapping with `-` in keys read as `_`, `resources:` flattened and durations in seconds; a key
+    that is none of these is refused here, with the field it most likely meant, rather than by the API's model."""
     out = {str(k).replace("-", "_"): v for k, v in data.items()}
+    known = fields()
+    for raw in data:
+        key = str(raw).replace("-", "_")
+        if key not in known and key not in WorkloadCreate.model_fields:  # max_duration_s too, as the API has it
+            raise _unknown(str(raw), key, known, "`gpupool apply --schema` lists every field")
     flatten_resources(out)
     parse_durations(out)
     return out
