@@ -24,15 +24,18 @@ OPT = Path(sys.prefix) / "opt"
 UV = Path(sys.executable).parent / "uv"
 
 
-def environment(name: str, *requirements: str, checkout: str | None = None) -> Path:
+def environment(name: str, *requirements: str, checkout: str | None = None, fresh: bool = False) -> Path:
     """`OPT/name` with `requirements` in it and, where `checkout` is given, this checkout built and installed
     with those extras ("" for none) afresh; its Python. One build at a time: test workers building the checkout
-    at once would share its build directories."""
+    at once would share its build directories. `fresh` makes the environment anew (an install that must hold
+    exactly what the checkout's extras bring, nothing left from an earlier one)."""
     env = OPT / name
     python = env / "bin" / "python"
     OPT.mkdir(parents=True, exist_ok=True)
     with open(OPT / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if fresh:
+            shutil.rmtree(env, ignore_errors=True)
         if not (env / ".ready").exists():
             shutil.rmtree(env, ignore_errors=True)
             subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(env)], check=True)

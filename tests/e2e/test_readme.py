@@ -134,9 +134,18 @@ def test_the_readme_blocks_are_marked_and_parsed() -> None:
     found = blocks(README.read_text())
     assert [b.mark for b in found if b.mark] == ["skip", "skip", "server", "skip"]
     servers = [b for b in found if b.mark == "server"]
-    assert [c.line for c in servers[0].commands] == ["gpupool server --gpus fake:2xH100-80GB"]
+    assert [c.line for c in servers[0].commands] == ["gpupool server"]
     assert matches(["│ a   │ 3s  │", "token: gp_…"], "│ a │ 12m │\ntoken: gp_x1y2\n")
     assert not matches(["│ a   │ 3s  │"], "│ b │ 3s │\n")
+
+
+def test_the_readme_server_is_the_one_scripts_start_runs() -> None:
+    """The quick start's transcript is what `./scripts/start` gives: it runs `gpupool server` with no flag of its
+    own (a root server; otherwise --single-user, which the README says), so the README's server, on its defaults, is
+    the one a new user starts (the simulated GPUs' count above all: the transcript's half-GPU job waits on two)."""
+    script = (README.parent / "scripts" / "start").read_text()
+    runs = re.findall(r"^\s*exec \.venv/bin/gpupool server(.*)$", script, re.MULTILINE)
+    assert [r.strip() for r in runs] == ['"$@"', '--single-user "$@"']
 
 
 def _env(home: Path) -> dict[str, str]:

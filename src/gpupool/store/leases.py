@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
@@ -146,6 +145,8 @@ class WakeChannel:
     def listen(self, stop: threading.Event, on_wake: Callable[[], None]) -> None:
         """Calls `on_wake` for each notification until `stop`, on a connection of its own (outside the pool: it
         is held for good); raises when the connection fails (the caller reconnects)."""
+        import psycopg  # only PostgreSQL listens: gpupool[server] alone (SQLite) has no psycopg
+
         args, kwargs = self.engine.dialect.create_connect_args(self.engine.url)
         kwargs.pop("context", None)
         # Keepalives: a listener that only reads would otherwise not notice a database that went away.

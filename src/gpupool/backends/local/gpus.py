@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from gpupool.core import Device
 
-DEFAULT_FAKE = "fake:4xH100-80GB"
+DEFAULT_FAKE = "fake:2xH100-80GB"
 _FAKE_PART = re.compile(r"^(\d{1,3})x([A-Za-z0-9][A-Za-z0-9_.-]{0,62})-(\d{1,4})GB$")
 
 
