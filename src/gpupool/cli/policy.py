@@ -86,7 +86,9 @@ def _when(text: str) -> float:
 
 @report_app.command("usage")
 def usage(
-    start: Annotated[str, typer.Option("--from", help="Start, ISO date or time (UTC).")],
+    start: Annotated[
+        str | None, typer.Option("--from", help="Start, ISO date or time (UTC); default a day before --to.")
+    ] = None,
     end: Annotated[str, typer.Option("--to", help="End, ISO date or time (UTC), or now.")] = "now",
     by: Annotated[str, typer.Option("--by", help="department, project, user or workload.")] = "project",
     output: Annotated[str, typer.Option("-o", "--output", help="table, json or csv.")] = "table",
@@ -96,8 +98,9 @@ def usage(
     forecast this month, the rate of what it holds now, rented and unused in the period."""
     if output not in ("table", "json", "csv"):
         fail("-o must be table, json or csv", 2)
+    # What is not given is the server's to fill in, by its clock: the day to now.
     with client() as c:
-        report = c.usage(_when(start), _when(end), by)
+        report = c.usage(None if start is None else _when(start), None if end == "now" else _when(end), by)
     if output == "json":
         emit_json(report)
         return
@@ -108,11 +111,20 @@ def usage(
         for line in lines:
             writer.writerow([getattr(line, col) for col in _USAGE_COLUMNS])
         return
+    # By workload, a line is a name: its runs (a finished name submitted again, or rerun) are summed into it.
+    runs = by == "workload"
     print_table(
-        f"usage by {by}",
-        (by.upper(), "GPU-HOURS", "BUSY", "IDLE", "COST", "ON-PREM", "BURST", "BUSY COST", "IDLE COST"),
-        ((line.key, *(f"{getattr(line, col):.2f}" for col in _USAGE_TABLE)) for line in lines),
-    )
+        f"usage by {by}, {_utc(report.start)} to {_utc(report.end)} UTC",
+        (by.upper(), *(("RUNS",) if runs else ()), "GPU-HOURS", "BUSY", "IDLE", "COST", "ON-PREM", "BURST",
+         "BUSY COST", "IDLE COST"),
+        ((line.key, *((str(line.runs),) if runs else ()), *(f"{getattr(line, col):.2f}" for col in _USAGE_TABLE))
+         for line in lines),
+    )  # fmt: skip
+    if report.unpriced_pools:
+        pools = ", ".join(report.unpriced_pools)
+        example = report.unpriced_pools[0]
+        print(f"note: no price is set for pool {pools}, so its cost counts as 0.00; the server prices a GPU-hour "
+              f"with --price {example}=DOLLARS (e.g. gpupool server --price {example}=2.50)")  # fmt: skip
     if report.budgets:
         print_table(
             "burst budgets (spent, forecast: this month to now; rented, unused: the period)",
@@ -121,9 +133,13 @@ def usage(
         )
 
 
+def _utc(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%d %H:%M")
+
+
 _USAGE_COLUMNS = (
     "key", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "cost", "busy_cost", "idle_cost", "on_prem_cost",
-    "burst_cost", "burst_gpu_hours",
+    "burst_cost", "burst_gpu_hours", "runs",
 )  # fmt: skip
 """The CSV's: those of earlier releases first, in their order."""
 _USAGE_TABLE = ("gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "cost", "on_prem_cost", "burst_cost", "busy_cost",

@@ -156,8 +156,10 @@ class Client:
     def update_policy(self, name: str, body: PolicyUpdate) -> PolicyPublic:
         return self._send(PolicyPublic, "PATCH", f"/api/v1/queues/{name}/policy", body)
 
-    def usage(self, start: float, end: float, by: str = "project") -> UsageReport:
-        return self._get(UsageReport, "/api/v1/reports/usage", params={"start": start, "end": end, "by": by})
+    def usage(self, start: float | None = None, end: float | None = None, by: str = "project") -> UsageReport:
+        """Usage from `start` (the server's default: a day before `end`) to `end` (default: now)."""
+        params = {k: v for k, v in (("start", start), ("end", end), ("by", by)) if v is not None}
+        return self._get(UsageReport, "/api/v1/reports/usage", params=params)
 
     def rightsizing(
         self, project: str | None = None, start: float | None = None, end: float | None = None

@@ -112,6 +112,9 @@ class UsageLine(Reply):
     """Dollars of the usage on rented (burst) nodes, at the price each node was rented at."""
     burst_gpu_hours: float = 0.0
     """The part of gpu_hours on rented nodes."""
+    runs: int = 0
+    """The workloads it sums: by workload, the runs of that name in the period (a finished name submitted again
+    is the same line, its runs counted)."""
 
 
 class BudgetLine(Reply):
@@ -144,6 +147,8 @@ class UsageReport(Reply):
     total: UsageLine
     budgets: list[BudgetLine] = Field(default_factory=list)
     """One line per department the caller sees that has a burst budget or a bill in the period."""
+    unpriced_pools: list[str] = Field(default_factory=list)
+    """Pools with usage in the report and no price set (the server's `prices`): their cost counts as 0."""
 
 
 CODE_DESCRIPTION = (

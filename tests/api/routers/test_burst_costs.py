@@ -124,6 +124,7 @@ async def test_the_report_splits_on_premises_and_burst_cost_and_shows_each_budge
         assert report["lines"] == [{
             "key": scene.a, "gpu_hours": 1.5, "busy_gpu_hours": 0.5, "idle_gpu_hours": 1.0, "cost": 2.8,
             "busy_cost": 0.9, "idle_cost": 1.9, "on_prem_cost": 1.0, "burst_cost": 1.8, "burst_gpu_hours": 1.0,
+            "runs": 1,
         }]  # fmt: skip
         assert report["total"] == report["lines"][0] | {"key": "total"}
         # Departments by name: A and B have budgets; C's only bill is March's.
@@ -205,8 +206,8 @@ async def test_the_command_line_prints_the_split_the_budgets_and_a_departments_s
     as_csv = _cli(url, admin, "report", "usage", *period, "--by", "department", "-o", "csv")
     assert list(csv.reader(io.StringIO(as_csv.stdout)))[:2] == [
         ["department", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "cost", "busy_cost", "idle_cost",
-         "on_prem_cost", "burst_cost", "burst_gpu_hours"],
-        [scene.a, "1.5", "0.5", "1.0", "2.8", "0.9", "1.9", "1.0", "1.8", "1.0"],
+         "on_prem_cost", "burst_cost", "burst_gpu_hours", "runs"],
+        [scene.a, "1.5", "0.5", "1.0", "2.8", "0.9", "1.9", "1.0", "1.8", "1.0", "1"],
     ]  # fmt: skip
 
     shown = _cli(url, scene.m, "department", "burst", scene.a)

@@ -20,7 +20,7 @@ from gpupool.services.errors import Invalid
 
 router = APIRouter(tags=["workloads"], responses=ERRORS)
 ProjectQ = Annotated[str | None, Query(max_length=63)]
-UnixQ = Annotated[float, Query(description="Unix seconds", ge=UNIX_MIN, le=UNIX_MAX, allow_inf_nan=False)]
+UnixQ = Annotated[float | None, Query(description="Unix seconds", ge=UNIX_MIN, le=UNIX_MAX, allow_inf_nan=False)]
 
 
 @router.post("/workloads", response_model=WorkloadPublic, status_code=201)
@@ -154,10 +154,11 @@ def usage_report(
     session: SessionDep,
     ctx: ContextDep,
     who: CurrentUser,
-    start: UnixQ,
-    end: UnixQ,
+    start: UnixQ = None,
+    end: UnixQ = None,
     by: Annotated[str, Query(pattern="^(department|project|user|workload)$")] = "project",
 ) -> UsageReport:
+    """Usage and cost from `start` (default: a day before `end`) to `end` (default: now)."""
     return reports.usage(session, who, start, end, by, ctx.settings.prices, ctx.controller.clock())
 
 
