@@ -94,3 +94,13 @@ def test_policies_names_the_server_extra(venv: Path) -> None:
     done = _run(venv, "gpupool", "policies")
     expected = _refusal("policies", "server", "no module named 'numpy'")
     assert (done.returncode, done.stdout, done.stderr) == (1, "", expected)
+
+
+@pytest.mark.parametrize("args", [["simulate", "--help"], ["simulate", "packing", "--help"]])
+def test_the_simulators_help_reads_without_its_extra(venv: Path, args: list[str]) -> None:
+    done = _run(venv, "gpupool", *args)
+    assert done.returncode == 0, done.stderr
+    note = "note: gpupool simulate needs gpupool's sim extra, not installed here: pip install 'gpupool[sim]'\n"
+    assert done.stderr == note
+    assert f"Usage: gpupool simulate {'packing ' if 'packing' in args else ''}[OPTIONS]" in done.stdout
+    assert ("--pods" if "packing" in args else "Replay public GPU-cluster traces") in done.stdout

@@ -1,5 +1,6 @@
 import json
 import random
+import re
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -71,6 +72,11 @@ def test_cli_writes_summary_csv_and_plot(tmp_path: Path, small_trace: tuple[Path
     assert set(summary["points"][100]) == keys
     assert (out / "seed-42.csv").read_text().startswith("arrived_pct,")
     assert (out / "unallocated.png").read_bytes()[:4] == b"\x89PNG"
+    # Not a terminal: the progress is plain lines (rich's bar would show nothing until the end), one per tenth.
+    said = [line for line in result.stderr.splitlines() if line.startswith("packing ")]
+    assert [re.sub(r", \d+m\d\ds$", "", line) for line in said] == [
+        f"packing {pods.stem}: 1/2 (50%)", f"packing {pods.stem}: 2/2 (100%)"
+    ]
 
 
 def test_cli_all_policies_adds_a_comparison(tmp_path: Path, small_trace: tuple[Path, Path]) -> None:

@@ -60,10 +60,19 @@ def _needs(extra: str, what: str) -> Iterator[None]:
         _refuse(what, extra, f"no module named {e.name!r}")
 
 
-def _run_extra(ctx: typer.Context, extra: str, load: Callable[[], typer.Typer]) -> None:
-    """Run the command of an extra with this command's arguments, once the extra is known to be installed."""
+def _run_extra(
+    ctx: typer.Context, extra: str, load: Callable[[], typer.Typer], help_only: Callable[[], typer.Typer] | None = None
+) -> None:
+    """Run the command of an extra with this command's arguments, once the extra is known to be installed.
+    `help_only` loads the command without the extra, for its --help: what it does is worth reading before
+    installing it."""
     what = ctx.command_path
     missing = _missing_requirements(extra)
+    if missing and help_only is not None and "--help" in ctx.args:
+        print(f"note: {what} needs gpupool's {extra} extra, not installed here: pip install 'gpupool[{extra}]'",
+              file=sys.stderr)  # fmt: skip
+        help_only()(args=ctx.args, prog_name=what, standalone_mode=False)
+        return
     if missing:
         _refuse(what, extra, "missing " + ", ".join(missing))
     with _needs(extra, what):
@@ -82,13 +91,17 @@ def _server_app() -> typer.Typer:
     return single
 
 
-def _simulate_app() -> typer.Typer:
-    from gpupool.cli import simulate
+def _simulate_help() -> typer.Typer:
+    from gpupool.cli import simulate  # its commands import the simulator only when they run
 
+    return simulate.app
+
+
+def _simulate_app() -> typer.Typer:
     # The simulator's own modules, so that a missing numpy shows here rather than halfway through a command.
     from gpupool.sim import org, packing_report  # noqa: F401
 
-    return simulate.app
+    return _simulate_help()
 
 
 app = typer.Typer(help="gpupool: a self-service internal GPU cloud.", no_args_is_help=True)
@@ -134,7 +147,7 @@ def server(ctx: typer.Context) -> None:
 @app.command("simulate", context_settings=_PASS_THROUGH, add_help_option=False)
 def simulate_(ctx: typer.Context) -> None:
     """Replay public GPU-cluster traces through gpupool's scheduler. Needs the sim extra."""
-    _run_extra(ctx, "sim", _simulate_app)
+    _run_extra(ctx, "sim", _simulate_app, _simulate_help)
 
 
 @app.command()

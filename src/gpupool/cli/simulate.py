@@ -3,12 +3,53 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+
+class _Lines:
+    """Progress as plain lines, for a log or a pipe, where rich's bar shows nothing until the end: a line each
+    tenth of a task, so a run of many minutes says it is alive."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.tasks: dict[int, tuple[str, float, float]] = {}  # description, total, completed
+        self.start = time.monotonic()
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float) -> TaskID:
+        self.tasks[len(self.tasks)] = (description, total, 0.0)
+        return TaskID(len(self.tasks) - 1)
+
+    def advance(self, task: TaskID, advance: float = 1) -> None:
+        self.update(task, completed=self.tasks[task][2] + advance)
+
+    def update(self, task: TaskID, completed: float) -> None:
+        description, total, before = self.tasks[task]
+        self.tasks[task] = (description, total, completed)
+        if total > 0 and (completed >= total > before or int(10 * completed / total) > int(10 * before / total)):
+            elapsed = int(time.monotonic() - self.start)
+            self.console.print(f"{description.strip()}: {completed:g}/{total:g} ({100 * completed / total:.0f}%), "
+                               f"{elapsed // 60}m{elapsed % 60:02d}s", highlight=False)  # fmt: skip
+
+
+def _progress() -> Progress | _Lines:
+    if not err.is_terminal:
+        return _Lines(err)
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    )
+
 
 app = typer.Typer(
     help="Replay public GPU-cluster traces through gpupool's scheduler.", no_args_is_help=True, add_completion=False
@@ -52,9 +93,7 @@ def packing(
         raise typer.Exit(2)
     work = [report.Job(nodes, pods, p, s, tune) for p in policies for s in seed_list]
     workers = jobs if jobs > 0 else (os.cpu_count() or 1)
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
-    ) as bar:
+    with _progress() as bar:
         task = bar.add_task(f"packing {report.trace_name(pods)}", total=len(work))
         results = report.run_all(work, workers, on_done=lambda job: bar.advance(task))
     summaries = {}
@@ -187,9 +226,7 @@ def org(
         regimes.append(("rightsized", rightsized, rightsize(organisation, followers, seed)))
     sims: dict[str, OrgSim] = {}
     horizon = days * DAY
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
-    ) as bar:
+    with _progress() as bar:
         for name, regime, work in regimes:
             regime = dataclasses.replace(regime, estimates=regime.estimates and estimates)
             task = bar.add_task(f"{name:>10}", total=round(horizon / 3600))
@@ -261,9 +298,7 @@ def _burst_table(runs: list[BurstRun], out: Path, header: dict[str, Any], jobs: 
     from gpupool.sim.org_report import plot_hourly
 
     workers = min(len(runs), jobs if jobs > 0 else (os.cpu_count() or 1))
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
-    ) as bar:
+    with _progress() as bar:
         task = bar.add_task("burst budgets", total=len(runs))
         results = report.run_all(runs, workers, on_done=lambda run: bar.advance(task))
     rows = [report.row(run, m) for run, (m, _) in zip(runs, results, strict=True)]
