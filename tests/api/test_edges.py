@@ -196,18 +196,32 @@ def test_a_cursor_that_is_not_an_id_is_422(api: Api, cursor: str) -> None:
     assert (r.status, r.json()) == (422, {"detail": "cursor is not one this server handed out"})
 
 
+UNITS = "GB = 10^9 bytes, GiB = 2^30; also MB, MiB, TB, TiB and Kubernetes' G, Gi; a bare number is MiB"
+
+
 @pytest.mark.parametrize(
     ("size", "reason"),
     [
-        ("١٢٣GiB", "memory '١٢٣GiB': expected a size like 20GiB or 512MiB"),
-        ("²GiB", "memory '²GiB': expected a size like 20GiB or 512MiB"),
-        ("9" * 16 + "GiB", "memory '9999999999999999GiB': expected a size like 20GiB or 512MiB"),
+        ("١٢٣GiB", f"memory '١٢٣GiB': expected a size like 20GiB or 512MiB ({UNITS})"),
+        ("²GiB", f"memory '²GiB': expected a size like 20GiB or 512MiB ({UNITS})"),
+        ("9" * 16 + "GiB", f"memory '9999999999999999GiB': expected a size like 20GiB or 512MiB ({UNITS})"),
         ("999999999999GiB", "memory '999999999999GiB' is more than 1 EiB"),
+        ("16XB", f"memory '16XB': unknown unit 'XB'; {UNITS}"),
     ],
 )
 def test_sizes_are_ascii_and_bounded(api: Api, size: str, reason: str) -> None:
     r = post(api, "/api/v1/workloads", {"project": "vision", "memory": size, "command": ["true"]})
     assert (r.status, r.json()) == (422, {"detail": reason})
+
+
+def test_gb_is_a_power_of_1000_and_gib_of_1024(api: Api) -> None:
+    asked = {"16GB": 15259, "16GiB": 16384, "16G": 15259, "16Gi": 16384}  # 16 * 10^9 bytes: 15,258.79 MiB, up
+    got = {}
+    for size in asked:
+        r = post(api, "/api/v1/workloads", {"project": "vision", "memory": size, "command": ["true"]})
+        assert r.status == 201, r.body
+        got[size] = get(api, f"/api/v1/workloads/{r.json()['id']}").json()["memory_mib"]
+    assert got == asked
 
 
 # -- 3. bodies that are not JSON, or not UTF-8 ------------------------------------------------------------------

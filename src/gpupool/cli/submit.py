@@ -16,7 +16,9 @@ from gpupool.client.client import ApiError
 from gpupool.client.code import CodeError, upload_tree
 from gpupool.durations import duration_flag
 from gpupool.lifecycle.phases import RetryOn
+from gpupool.models import sizes
 from gpupool.models.schemas import WorkloadCreate, WorkloadPublic
+from gpupool.models.sizes import size_flag
 from gpupool.models.wire import WorkloadType
 
 TYPES: tuple[str, ...] = get_args(WorkloadType)
@@ -142,9 +144,14 @@ def submit(
     type_: Annotated[str, typer.Option("--type", help=f"{', '.join(TYPES)}.")] = "training",
     gpu: Annotated[float | None, typer.Option("--gpu", help="A fraction of one GPU, e.g. 0.25.")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="Whole GPUs (per worker).")] = None,
-    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="GPU memory, e.g. 20GiB.")] = None,
+    gpu_memory: Annotated[
+        str | None, typer.Option("--gpu-memory", parser=size_flag, help=f"GPU memory, e.g. 20GiB ({sizes.HELP}).")
+    ] = None,
     cpu: Annotated[float | None, typer.Option("--cpu", help="CPU cores per member, e.g. 4 or 0.5.")] = None,
-    memory: Annotated[str | None, typer.Option("--memory", help="Host memory per member, e.g. 16GiB.")] = None,
+    memory: Annotated[
+        str | None,
+        typer.Option("--memory", parser=size_flag, help=f"Host memory per member, e.g. 16GiB ({sizes.HELP})."),
+    ] = None,
     pools: Annotated[list[str] | None, typer.Option("--pool", help="A pool it may run in (repeatable).")] = None,
     gpu_models: Annotated[
         list[str] | None, typer.Option("--gpu-model", help="A GPU model it accepts, e.g. H100 (repeatable).")
@@ -203,6 +210,8 @@ def submit(
     choice(type_, "--type", TYPES)
     choice(priority, "--priority", PRIORITIES)
     choice(retry, "--retry", tuple(RetryOn))
+    if gpu is not None and not 0 < gpu < 1:  # the server refuses it too, in the API's words (gpu, gpus)
+        fail(f"--gpu {gpu:g} is not a fraction between 0 and 1; ask for whole GPUs with --gpus", 2)
     if retry is None and (max_retries is not None or retry_backoff is not None):
         fail("--max-retries and --retry-backoff go with --retry on-failure, on-preemption or always", 2)
     _one_of(workdir, no_code)

@@ -9,6 +9,7 @@ from gpupool.core import MILLI, Request
 from gpupool.core.feasibility import ever_fits, members_on_empty, node_groups, states_of
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass, class_named
 from gpupool.core.state import NodeState
+from gpupool.models import sizes
 from gpupool.models.schemas import WorkloadCreate
 from gpupool.services.errors import Invalid
 from gpupool.store.snapshot import core_node
@@ -31,25 +32,16 @@ DENIED_ENV_PREFIXES = ("LD_", "CUDA_", "NVIDIA_", "JUPYTER_", "JUPYTERHUB_", "GP
 """CUDA_ covers CUDA_VISIBLE_DEVICES and CUDA_MPS_*, and CUDA_DEVICE_ORDER, which would renumber the devices
 CUDA_VISIBLE_DEVICES names; NVIDIA_ covers the container runtime's NVIDIA_VISIBLE_DEVICES and
 NVIDIA_DRIVER_CAPABILITIES."""
-_SIZE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*([KMGT]i?B?|[KMGT]i?)?\s*", re.IGNORECASE | re.ASCII)
-_MAX_MIB = 2**40  # an exbibyte: more than any device or host, and far inside the 64-bit columns
-_UNIT_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 ANY_MODEL: frozenset[str] = frozenset()
 """A submitted workload names no GPU model."""
 
 
 def parse_mib(text: str, what: str) -> int:
-    """'20GiB', '20G', '512MiB' → MiB. GB and GiB both mean 1024 MiB, as GPU vendors quote memory."""
-    m = _SIZE.fullmatch(text)
-    if not m:
-        raise Invalid(f"{what} {text[:40]!r}: expected a size like 20GiB or 512MiB")
-    unit = (m.group(2) or "M")[0].lower()
-    mib = int(float(m.group(1)) * _UNIT_MIB[unit])
-    if mib < 1:
-        raise Invalid(f"{what} {text!r} is less than 1 MiB")
-    if mib > _MAX_MIB:
-        raise Invalid(f"{what} {text!r} is more than 1 EiB")
-    return mib
+    """'16GB' (10^9 bytes each), '16GiB' (2^30), '512Mi' -> MiB, rounded up (gpupool.models.sizes)."""
+    try:
+        return sizes.parse_mib(text)
+    except ValueError as e:
+        raise Invalid(f"{what} {e}") from None
 
 
 def env_denied(key: str) -> bool:
@@ -72,7 +64,10 @@ def to_request(body: WorkloadCreate) -> Request:
     milli = 0
     if body.gpu is not None:
         if not 0 < body.gpu < 1:
-            raise Invalid(f"gpu {body.gpu:g} is not a fraction between 0 and 1; ask for whole GPUs with gpus")
+            # Named as the API and a workload file name them, and as the CLI's flag: the same refusal reaches all three.
+            raise Invalid(
+                f"gpu {body.gpu:g} is not a fraction between 0 and 1; ask for whole GPUs with gpus (--gpus in the CLI)"
+            )
         milli = max(1, min(999, round(body.gpu * MILLI)))
     memory = parse_mib(body.gpu_memory, "gpu_memory") if body.gpu_memory is not None else 0
     cpu = round(body.cpu * 1000) if body.cpu is not None else 0

@@ -37,8 +37,8 @@ async def test_a_submitted_workload_is_pending_with_what_it_asked_for(http: http
         "name": name, "project": proj, "owner": "admin", "type": "training", "priority": "training",
         "preemptible": True, "state": "pending", "node": None, "devices": [], "gpu_request": "2 × 2 GPUs",
         "gpus": 2, "gpu_milli": 0, "gpu_memory_mib": 0, "workers": 2, "attempt": 0, "exit_code": None,
-        "gpu_util_pct": None, "max_duration_s": None, "eta": None, "eta_basis": None, "started_at": None,
-        "finished_at": None,
+        "gpu_util_pct": None, "max_duration_s": None, "eta": None, "eta_basis": None, "suspension": None,
+        "started_at": None, "finished_at": None,
     })  # fmt: skip
 
 
@@ -109,7 +109,7 @@ async def test_a_replay_naming_another_project_answers_with_the_workloads_own(
     ("fields_", "reason"),
     [
         ({"gpus": 1, "gpu": 0.5}, "ask for one of gpu (a fraction), gpus (whole GPUs) or gpu_memory, not several"),
-        ({"gpu": 1.5}, "gpu 1.5 is not a fraction between 0 and 1; ask for whole GPUs with gpus"),
+        ({"gpu": 1.5}, "gpu 1.5 is not a fraction between 0 and 1; ask for whole GPUs with gpus (--gpus in the CLI)"),
         ({"gpus": 5}, NEVER + "5 GPUs on one node: no node has more than 4"),
         ({"gpu_memory": "100GiB"}, NEVER + "102400 MiB of GPU memory: no device has more than 81920 MiB"),
         ({"gpus": 2, "workers": 3}, NEVER + "3 workers of this size: the cluster cannot hold them all at once"),
