@@ -70,9 +70,7 @@ def test_a_submitted_workload_waits_then_runs_and_succeeds() -> None:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("kind", "after"), [("training", Phase.PREEMPTED), ("batch", Phase.PREEMPTED), ("notebook", Phase.SUSPENDED)]
-)
+@pytest.mark.parametrize(("kind", "after"), [("training", Phase.PREEMPTED), ("batch", Phase.PREEMPTED)])
 def test_an_eviction_requeues_in_the_old_place(kind: str, after: Phase) -> None:
     row = _placed(kind)
     stop = lc.request_stop(row, StopReason.RECLAIM, 5.0, detail="reclaimed for 'big'")
@@ -85,6 +83,58 @@ def test_an_eviction_requeues_in_the_old_place(kind: str, after: Phase) -> None:
     assert render(event.code, event.reason_code, event.args) == "requeued after reclaim: reclaimed for 'big'"
 
 
+CAUSE = {"by": "train", "by_priority": "training", "by_project": "lab", "pool": "h100"}
+
+
+@pytest.mark.parametrize("stop", [StopReason.PREEMPT, StopReason.RECLAIM, StopReason.CONSOLIDATE])
+def test_a_notebook_the_scheduler_stops_is_suspended_and_queued_again_in_its_old_place(stop: StopReason) -> None:
+    row = _placed("notebook")
+    row.priority = 50
+    lc.request_stop(row, stop, 5.0, detail="preempted by 'train'", **CAUSE)
+    _end_all(row, None)
+    event = lc.finish(row, 7.0)
+    # Queued again at once, not held: the scheduler starts it when it fits, before later work of its class.
+    assert (row.state, row.hold, row.retry_at, row.attempt, row.started_at) == (Phase.SUSPENDED, False, None, 1, None)
+    assert (row.queued_at, row.priority) == (1.0, 50)
+    assert (event.state, event.code, event.reason_code) == (Phase.SUSPENDED, EventCode.SUSPENDED, stop)
+    assert event.args == {"detail": "preempted by 'train'", **CAUSE}
+    assert render(event.code, event.reason_code, event.args) == (
+        f"suspended after {stop.value}: preempted by 'train'; it resumes by itself when there is room"
+    )
+    # Why, when and where are kept in its last attempt (the queued reason is the scheduler's from now on).
+    assert row.attempts == [
+        {"number": 1, "started": 2.0, "ended": 7.0, "outcome": "requeued", "reason": stop.value, "exit_code": None,
+         "retried": False, "args": CAUSE},
+    ]  # fmt: skip
+    assert lc.suspended_by(row) == (stop, 7.0, CAUSE)
+    assert lc.waiting(row, PendingReason.NO_NODE_FITS, "no node has 1 free GPU now") is True
+    assert lc.suspended_by(row) == (stop, 7.0, CAUSE)
+    back = lc.placed(row, ["n1"], 9.0)
+    assert (back.state, row.state, row.started_at, lc.suspended_by(row)) == (Phase.STARTING, Phase.STARTING, 9.0, None)
+
+
+@pytest.mark.parametrize("on", ["on-preemption", "always"])
+def test_a_preempted_notebook_is_suspended_whatever_its_retry_policy_while_training_uses_its_retries(on: str) -> None:
+    notebook, training = _placed("notebook"), _placed("training")
+    for row in (notebook, training):
+        row.retry = {"on": on, "max_retries": 0, "backoff_s": 10.0}
+        lc.request_stop(row, StopReason.PREEMPT, 5.0, detail="x", **CAUSE)
+        _end_all(row, None)
+    suspended, failed = lc.finish(notebook, 6.0), lc.finish(training, 6.0)
+    assert (notebook.state, notebook.hold, notebook.retry_at, lc.retries_used(notebook)) == (
+        Phase.SUSPENDED, False, None, 0,
+    )  # fmt: skip
+    assert suspended.code == EventCode.SUSPENDED
+    assert (training.state, failed.code, failed.args["retries"]) == (Phase.FAILED, EventCode.FAILED, 0)
+
+
+def test_a_notebook_whose_member_fails_is_not_suspended() -> None:
+    row = _placed("notebook")
+    _end_all(row, 1)
+    event = lc.finish(row, 6.0)
+    assert (row.state, event.code, lc.suspended_by(row)) == (Phase.FAILED, EventCode.FAILED, None)
+
+
 def test_a_policy_suspends_a_notebook_and_holds_it_until_resumed() -> None:
     row = _placed("notebook")
     lc.request_stop(row, StopReason.IDLE, 10.0, idle_s=400.0, limit_s=300.0)
@@ -92,6 +142,7 @@ def test_a_policy_suspends_a_notebook_and_holds_it_until_resumed() -> None:
     event = lc.finish(row, 11.0)
     assert (row.state, row.hold, row.reason_code) == (Phase.SUSPENDED, True, StopReason.IDLE)
     assert render(event.code, event.reason_code, event.args) == "idle for 6m40s (limit 5m); resume it to start again"
+    assert lc.suspended_by(row) == (StopReason.IDLE, 11.0, {"idle_s": 400.0, "limit_s": 300.0})
     resumed = lc.resume(row, "bo", 12.0)
     assert (row.state, row.hold, resumed.code, text(row)) == (
         Phase.SUSPENDED,

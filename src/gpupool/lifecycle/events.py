@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpupool.durations import format_duration
-from gpupool.lifecycle.phases import StopReason
+from gpupool.lifecycle.phases import REQUEUES, StopReason
 
 
 class EventCode(StrEnum):
@@ -31,7 +31,9 @@ class EventCode(StrEnum):
     again as its next attempt; the event's reason is the StopReason. args: attempt (the next one, from 1), retry
     (its number, from 1), max_retries, backoff_s, and those of the stop (member/exit_code for a failure)."""
     SUSPENDED = "suspended"
-    """A notebook stopped by a policy: held until resumed; args: those of the stop."""
+    """A notebook stopped by a policy (held until resumed) or by the scheduler (queued again at once: it resumes by
+    itself); the event's reason is the StopReason; args: those of the stop (a scheduler's: detail, and by,
+    by_priority, by_project, pool where known, gpupool.control.causes)."""
     RESUMED = "resumed"
     """args: by."""
     SUCCEEDED = "succeeded"
@@ -100,6 +102,8 @@ def render(code: str | None, reason: str | None, args: Mapping[str, Any] | None)
             retry = f"retry {a.get('retry', '?')} of {a.get('max_retries', '?')}"
             return f"{cause}; {retry} (attempt {a.get('attempt', '?')}) in {duration(a.get('backoff_s', 0))}"
         case EventCode.SUSPENDED:
+            if reason in REQUEUES:
+                return f"suspended after {stop_cause(reason, a)}; it resumes by itself when there is room"
             return f"{stop_cause(reason, a)}; resume it to start again"
         case EventCode.RESUMED:
             return f"resumed by {a.get('by', '?')}"

@@ -16,7 +16,8 @@ class Phase(StrEnum):
     PREEMPTED = "preempted"
     """Stopped by the scheduler and queued again in its old place."""
     SUSPENDED = "suspended"
-    """A notebook stopped by the scheduler (queued again) or by a policy (held until resumed); its files stay."""
+    """A notebook stopped by the scheduler (preempted, reclaimed, moved: queued again at once in its old place,
+    so it starts again by itself when there is room) or by a policy (held until resumed); its files stay."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -86,6 +87,15 @@ REQUEUES = frozenset(
 POLICY_STOPS = frozenset({StopReason.IDLE, StopReason.MAX_RUNTIME})
 EVICTIONS = REQUEUES | POLICY_STOPS
 """What `gpupool_evictions_total` counts: stops by the scheduler or a policy, not by the user or the workload."""
+
+
+class Resumes(StrEnum):
+    """How a suspended notebook comes back."""
+
+    AUTOMATICALLY = "automatically"
+    """Stopped by the scheduler (REQUEUES), or resumed by someone: queued, it starts when there is room."""
+    ON_RESUME = "on-resume"
+    """Stopped by a policy (POLICY_STOPS): held until its owner resumes it (`gpupool resume`, the portal)."""
 
 
 class PendingReason(StrEnum):

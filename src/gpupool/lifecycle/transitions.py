@@ -182,7 +182,7 @@ def finish(row: WorkloadRow, now: float) -> EventRow:
         args = {"member": bad[0].member, "exit_code": bad[0].exit_code} if bad else {}
     if stop in POLICY_STOPS:
         assert stop is not None
-        _attempt(row, AttemptOutcome.STOPPED, stop, None, now)
+        _attempt(row, AttemptOutcome.STOPPED, stop, None, now, args)
         if row.type == "notebook":
             # Suspended, not requeued: its files stay; `gpupool resume` brings it back.
             _requeue(row)
@@ -190,6 +190,8 @@ def finish(row: WorkloadRow, now: float) -> EventRow:
             return _move(row, Phase.SUSPENDED, EventCode.SUSPENDED, now, stop.value, **args)
         row.finished_at = now
         return _move(row, Phase.FAILED, EventCode.FAILED, now, stop.value, **args)
+    if stop in REQUEUES and row.type == "notebook":
+        return _suspend(row, stop, args, now)
     if stop == StopReason.CANCEL:
         _attempt(row, AttemptOutcome.CANCELLED, stop, None, now)
         row.finished_at = now
@@ -205,16 +207,42 @@ def finish(row: WorkloadRow, now: float) -> EventRow:
     allowed = int(policy.get("max_retries", 0))
     if retrying and retries_used(row) < allowed:
         return _retry(row, outcome, stop, exit_code, args, now)
-    _attempt(row, outcome, stop, exit_code, now)
+    _attempt(row, outcome, stop, exit_code, now, args)
     if stop in REQUEUES and not retrying:
-        # Preemptible training and batch come back as preempted, notebooks as suspended (their files stay).
-        _requeue(row)
-        to = Phase.SUSPENDED if row.type == "notebook" else Phase.PREEMPTED
-        return _move(row, to, EventCode.REQUEUED, now, stop.value, **args)
+        _requeue(row)  # preemptible training and batch come back as preempted (notebooks: `_suspend`)
+        return _move(row, Phase.PREEMPTED, EventCode.REQUEUED, now, stop.value, **args)
     row.finished_at, row.exit_code = now, exit_code
     if retrying:
         args["retries"] = allowed
     return _move(row, Phase.FAILED, EventCode.FAILED, now, stop.value, **args)
+
+
+def _suspend(row: WorkloadRow, stop: StopReason, args: dict[str, Any], now: float) -> EventRow:
+    """A notebook the scheduler stopped (preempted, reclaimed, moved, or its node lost): suspended with its files
+    and queued again at once, not held, so it starts again by itself when there is room. It keeps its place
+    (`queued_at` and its priority stay): it comes back before later work of its class. Never a retry, whatever
+    its retry policy says: its owner did nothing, and a notebook waiting out a backoff, or failed after a few
+    preemptions, would be one more way to lose it. Why and where it stopped stay in its last attempt (`args`: the
+    stop's, such as `by`, `by_priority`, `by_project`, `pool`), which the edge renders as the owner's notice."""
+    _attempt(row, AttemptOutcome.REQUEUED, stop, None, now, args)
+    _requeue(row)
+    return _move(row, Phase.SUSPENDED, EventCode.SUSPENDED, now, stop.value, **args)
+
+
+def suspended_by(row: WorkloadRow) -> tuple[StopReason, float, dict[str, Any]] | None:
+    """Why a suspended notebook stopped, when, and the stop's arguments (from its last attempt); None for any other
+    row, or one whose attempts were not recorded."""
+    if phase(row) != Phase.SUSPENDED or not row.attempts:
+        return None
+    last = row.attempts[-1]
+    try:
+        stop = StopReason(last.get("reason"))
+    except ValueError:
+        return None
+    args = dict(last.get("args") or {})
+    if not args and row.reason_event == EventCode.SUSPENDED:  # an attempt recorded before it kept its arguments
+        args = {k: v for k, v in (row.reason_args or {}).items() if k != "detail"}
+    return stop, float(last.get("ended") or 0.0), args
 
 
 def retries_used(row: WorkloadRow) -> int:
@@ -228,12 +256,16 @@ def backoff_s(base_s: float, retry: int) -> float:
 
 def _attempt(
     row: WorkloadRow, outcome: AttemptOutcome, stop: StopReason | None, exit_code: int | None, now: float,
-    retried: bool = False,
+    args: dict[str, Any] | None = None, retried: bool = False,
 ) -> None:  # fmt: skip
-    entry = {
+    entry: dict[str, Any] = {
         "number": row.attempt + 1, "started": row.started_at, "ended": now, "outcome": outcome.value,
         "reason": stop.value if stop is not None else None, "exit_code": exit_code, "retried": retried,
     }  # fmt: skip
+    # The stop's arguments without the core's sentence: what a notice about this end is rendered from.
+    kept = {k: v for k, v in (args or {}).items() if k != "detail"}
+    if kept:
+        entry["args"] = kept
     row.attempts = [*(row.attempts or []), entry]  # a new list: the JSON column is written only when replaced
 
 
@@ -243,7 +275,7 @@ def _retry(
 ) -> EventRow:  # fmt: skip
     """The same workload, held for its backoff and then queued again (`release`) as its next attempt."""
     assert row.retry is not None
-    _attempt(row, outcome, stop, exit_code, now, retried=True)
+    _attempt(row, outcome, stop, exit_code, now, args, retried=True)
     n = retries_used(row)
     wait = backoff_s(float(row.retry.get("backoff_s", 0.0)), n)
     _requeue(row)
