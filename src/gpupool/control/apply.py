@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gpupool.backends.base import Backend, DeviceGrant, LaunchSpec, LaunchWaits
 from gpupool.control import mlflow_runs
@@ -28,10 +28,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> list[EventRow]:
+def persist(
+    rows: dict[int, WorkloadRow], decision: Decision, now: float, causes: Mapping[str, Mapping[str, str]] | None = None
+) -> list[EventRow]:
     """The decision on these rows. A workload without a row here is not the caller's to write this way: a queued
     one the scheduler keeps as columns (gpupool.control.view), or one written by someone else since the decision
-    was made (it is read again, and decided again, next cycle)."""
+    was made (it is read again, and decided again, next cycle). `causes`: each eviction's typed arguments, by the
+    core's id of its victim (gpupool.control.causes), recorded with its stop beside the core's sentence."""
     events: list[EventRow] = []
     for bind in decision.binds:
         row = rows.get(row_id(bind.workload))
@@ -60,7 +63,9 @@ def persist(rows: dict[int, WorkloadRow], decision: Decision, now: float) -> lis
         stopped = (
             None
             if victim is None
-            else lifecycle.request_stop(victim, StopReason(ev.reason.value), now, detail=ev.message)
+            else lifecycle.request_stop(
+                victim, StopReason(ev.reason.value), now, detail=ev.message, **(causes or {}).get(ev.workload, {})
+            )
         )
         if stopped is not None:
             events.append(stopped)

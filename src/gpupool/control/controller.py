@@ -23,6 +23,7 @@ from gpupool.backends.base import Backend, LaunchSpec, Sample
 from gpupool.control import mlflow_runs
 from gpupool.control.apply import act, persist, sequential
 from gpupool.control.burst import Bursting
+from gpupool.control.causes import eviction_causes
 from gpupool.control.clusters import Clusters, FleetView, fleet_of
 from gpupool.control.estimates import Estimates
 from gpupool.control.foreign import GANG_TIMEOUT_S, Adoption
@@ -332,7 +333,7 @@ class Controller:
             with self._step("persist"):
                 by_id = {r.id: r for r in loaded}
                 self.view.bound(s, decision, by_id)
-                persisted = persist(by_id, decision, now)
+                persisted = persist(by_id, decision, now, eviction_causes(s, decision, snapshot))
                 self.estimates.placed(persisted, by_id, now)
                 s.add_all(persisted)
                 notes = self.view.waiting(decision, by_id)
