@@ -242,6 +242,29 @@ class EventPublic(Reply):
     reason: str
 
 
+class Suspension(Reply):
+    """Why a suspended notebook is not running and how it comes back (gpupool.services.reasons renders `notice`)."""
+
+    reason: str
+    """The StopReason that suspended it: preempt, reclaim, consolidate, node-lost, ... (the scheduler's: it resumes
+    by itself) or idle, max-runtime (a policy's: held until resumed)."""
+    at: float
+    """When its processes were gone."""
+    by: str | None = None
+    """The workload it made room for: named to a victim of the same project only."""
+    by_priority: str | None = None
+    """That workload's priority class."""
+    by_project: str | None = None
+    """That workload's project (for a reclaim, the project taking its fair share back)."""
+    pool: str | None = None
+    """The pool it ran in, where it waits to start again."""
+    resumes: str
+    """"automatically" (queued again in its old place: it starts when there is room) or "on-resume" (held until
+    its owner resumes it)."""
+    notice: str
+    """The sentence its owner reads in the CLI and the portal: why, when, and when it will be back."""
+
+
 class WorkloadPublic(Reply):
     id: int
     name: str
@@ -282,6 +305,9 @@ class WorkloadPublic(Reply):
     first estimate."""
     eta_basis: Literal["declared", "history", "none"] | None = None
     """What `eta` rests on: declared max durations, runtimes of the project's finished work, or nothing."""
+    suspension: Suspension | None = None
+    """Suspended only: why and how it comes back. While one the scheduler stopped waits to start again, `reason`
+    and `reason_short` are its notice, and reason_code and reason_args still say what it waits for now."""
     created_at: float
     started_at: float | None
     finished_at: float | None

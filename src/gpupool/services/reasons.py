@@ -15,9 +15,10 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from gpupool.lifecycle.events import EventCode
-from gpupool.lifecycle.phases import QUEUED, PendingReason
-from gpupool.models.schemas import QueuePosition
+from gpupool.lifecycle.events import EventCode, stop_cause
+from gpupool.lifecycle.phases import QUEUED, REQUEUES, PendingReason, Resumes, StopReason
+from gpupool.lifecycle.transitions import suspended_by
+from gpupool.models.schemas import QueuePosition, Suspension
 from gpupool.store.tables import WorkloadRow
 
 Args = Mapping[str, Any]
@@ -265,3 +266,85 @@ def position(session: Session, row: WorkloadRow) -> QueuePosition | None:
     )
     in_project, project_total = session.execute(counts).one()
     return QueuePosition(project=int(in_project) + 1, project_queued=int(project_total))
+
+
+def _cause(stop: StopReason, a: Args) -> str:
+    """What stopped a suspended notebook, from its stop's typed arguments (gpupool.control.causes)."""
+    by, priority, project = a.get("by"), a.get("by_priority"), a.get("by_project")
+    whom = f"'{by}'" if by else f"a workload of project {project}" if project else None
+    if stop == StopReason.PREEMPT and whom is not None:
+        return f"preempted by {whom}" + (f" ({priority})" if priority else "")
+    if stop == StopReason.RECLAIM and project:
+        return f"reclaimed for project {project} (below its fair share)"
+    if stop == StopReason.CONSOLIDATE and whom is not None:
+        return f"moved to make room for {whom}"
+    if stop in (StopReason.PREEMPT, StopReason.RECLAIM, StopReason.CONSOLIDATE):
+        return {StopReason.PREEMPT: "preempted", StopReason.RECLAIM: "reclaimed"}.get(stop, "moved")
+    return stop_cause(stop.value, a)
+
+
+def _needs(row: WorkloadRow) -> str:
+    """What has to be free for it to start, from its request: "1 GPU is", "0.25 of a GPU is"."""
+    if row.gpus:
+        return f"{row.gpus} GPU is" if row.gpus == 1 else f"{row.gpus} GPUs are"
+    if row.gpu_milli:
+        return f"{gpus(row.gpu_milli)} of a GPU is"
+    if row.gpu_memory_mib:
+        return f"{gib(row.gpu_memory_mib)} GiB of GPU memory is"
+    return "room is"
+
+
+def _eta(row: WorkloadRow) -> str:
+    if row.eta is not None:
+        return f", ETA {when(int(row.eta))}"
+    if row.eta_basis == "none":
+        return ", no ETA while the work holding its room runs on"
+    return ""  # not estimated yet
+
+
+def _where(row: WorkloadRow, a: Args) -> str | None:
+    """The pool it ran in, else those it accepts; None: any."""
+    return str(a["pool"]) if a.get("pool") else " or ".join(str(p) for p in row.pools) or None
+
+
+def suspension(row: WorkloadRow) -> Suspension | None:
+    """Why a suspended notebook is not running and when it will be back, for its owner: "suspended: preempted by
+    'train' (training) at <time>; resumes by itself when 1 GPU is free in pool default, ETA <time>". The pool is
+    the one it ran in (else those it accepts); the ETA is the scheduler's estimate (gpupool.control.estimates).
+    None for any other row."""
+    found = suspended_by(row)
+    if found is None:
+        return None
+    stop, at, a = found
+    where = _where(row, a)
+    if row.hold:
+        resumes, back = Resumes.ON_RESUME, "resume it to start again"
+    else:
+        resumes = Resumes.AUTOMATICALLY
+        place = f"pool{'s' if ' or ' in (where or '') else ''} {where}" if where else "any pool"
+        back = f"resumes by itself when {_needs(row)} free in {place}{_eta(row)}"
+
+    def text(key: str) -> str | None:
+        return str(a[key]) if a.get(key) else None
+
+    return Suspension(
+        reason=stop.value, at=at, by=text("by"), by_priority=text("by_priority"), by_project=text("by_project"),
+        pool=text("pool"), resumes=resumes.value, notice=f"suspended: {_cause(stop, a)} at {when(int(at))}; {back}",
+    )  # fmt: skip
+
+
+def suspension_short(row: WorkloadRow) -> str:
+    """The notice in a few words for a list, whose STATE and ETA columns say the rest: "preempted by 'train'
+    (training) at 18:22 UTC; resumes when 1 GPU is free in default"."""
+    found = suspended_by(row)
+    if found is None:
+        return ""
+    stop, at, a = found
+    where = _where(row, a) or "any pool"
+    return f"{_cause(stop, a)} at {when(int(at))[11:16]} UTC; resumes when {_needs(row)} free in {where}"
+
+
+def tells_suspension(row: WorkloadRow, s: Suspension) -> bool:
+    """Whether its notice is the reason its owner reads: a notebook the scheduler stopped, waiting to come back (one
+    a policy suspended keeps its own reason, which says to resume it)."""
+    return s.resumes == Resumes.AUTOMATICALLY and s.reason in REQUEUES and row.state in QUEUED

@@ -53,6 +53,9 @@ def workload_public(row: WorkloadRow, project: str, owner: str = "") -> Workload
         reason, short = reasons.sentence(row.reason_code, args, detail), reasons.short(row.reason_code, args)
     else:
         reason = short = render(row.reason_event, row.reason_code, row.reason_args)
+    suspension = reasons.suspension(row)
+    if suspension is not None and reasons.tells_suspension(row, suspension):
+        reason, short = suspension.notice, reasons.suspension_short(row)
     return WorkloadPublic(
         id=row.id,
         name=row.name,
@@ -80,6 +83,7 @@ def workload_public(row: WorkloadRow, project: str, owner: str = "") -> Workload
         max_duration_s=row.max_duration_s,
         eta=datetime.fromtimestamp(row.eta, UTC) if row.eta is not None and waiting else None,
         eta_basis=row.eta_basis if waiting and row.eta_basis in _BASES else None,
+        suspension=suspension,
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,

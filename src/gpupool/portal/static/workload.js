@@ -51,7 +51,10 @@ function draw(d) {
   if (!s) return;
   s.textContent = d.state;
   s.className = `state ${d.state}`;
-  document.getElementById("wl-reason").textContent = d.reason;
+  // A suspended notebook's notice says why it stopped, when, and when it will be back (or that it waits for Resume).
+  const reason = document.getElementById("wl-reason");
+  reason.textContent = d.suspension ? d.suspension.notice : d.reason;
+  reason.dataset.resumes = d.suspension ? d.suspension.resumes : "";
   const rows = [
     ["Owner", d.owner], ["Type", d.type], ["GPUs", d.gpu_request + (d.workers > 1 ? ` × ${d.workers} workers` : "")],
     ["CPU", d.cpu_milli ? `${d.cpu_milli / 1000} cores` : "–"], ["Memory", d.memory_mib ? mib(d.memory_mib) : "–"],
@@ -96,7 +99,8 @@ function actions(d) {
   const err = document.getElementById("wl-err");
   const want = [];
   if (d.url && d.state === "running") want.push(["Open", "", () => window.open(viaPortal(d.url), "_blank", "noopener")]);
-  if (d.state === "suspended") want.push(["Resume", "", () => act(d, "resume")]);
+  // One the scheduler suspended comes back by itself: Resume is for those a policy holds.
+  if (d.state === "suspended" && d.suspension?.resumes !== "automatically") want.push(["Resume", "", () => act(d, "resume")]);
   if (TERMINAL.includes(d.state)) want.push(["Rerun", "", () => act(d, "rerun", true)]);
   if (!TERMINAL.includes(d.state)) want.push(["Cancel", "danger", () => { if (window.confirm(`Cancel ${d.name}? Its processes are stopped.`)) act(d, "cancel"); }]);
   const key = want.map((w) => w[0]).join();
