@@ -247,7 +247,8 @@ def serve(settings: Settings, announce: bool = True) -> None:
     if announce:
         models = ", ".join(sorted({f"{sum(1 for x in gpus if x.model == d.model)}× {d.model}" for d in gpus}))
         where = f"{len(nodes)} node(s), " if settings.backend == "kubernetes" else ""
-        print(f"gpupool: {where}{len(gpus)} GPUs ({kind}: {models or 'none'}), store {_redact(settings.database_url)}")
+        count = f"{len(gpus)} GPU{'' if len(gpus) == 1 else 's'}"
+        print(f"gpupool: {where}{count} ({kind}: {models or 'none'}), store {_redact(settings.database_url)}")
         if token_path:
             print(f"gpupool: first start; the admin token is in {token_path} (readable only by you; removed once used)")
         if settings.backend == "local" and settings.single_user:

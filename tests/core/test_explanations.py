@@ -118,7 +118,7 @@ def test_a_job_beyond_its_deserved_quota_says_so_not_that_no_node_fits() -> None
         "quota": 1000, "fair": 1000,
     }  # fmt: skip
     assert p.message == (
-        "project a uses 1 of its deserved 1 GPUs in pool h100; asking 1 more, it may only borrow idle GPUs, "
+        "project a uses 1 of its deserved 1 GPU in pool h100; asking 1 more, it may only borrow idle GPUs, "
         "and none are idle"
     )
 

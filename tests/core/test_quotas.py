@@ -77,3 +77,18 @@ def test_non_preemptible_work_must_fit_the_memory_deserved_where_set() -> None:
     run = Run(c.snapshot()).settle()
     assert run.running() == {"s1", "t"}
     assert run.reason("s2") == "nonpreemptible-over-deserved"
+
+
+def test_a_gpu_count_is_singular_for_one_gpu_or_a_part_of_one() -> None:
+    from gpupool.core.quota import gpu_count
+
+    assert [gpu_count(m) for m in (0, 250, 1000, 1500, 2000)] == ["0 GPUs", "0.25 GPU", "1 GPU", "1.5 GPUs", "2 GPUs"]
+
+
+def test_a_limit_of_one_gpu_is_worded_in_the_singular() -> None:
+    c = Cluster().pool("h100", nodes=1, gpus=8).project("a", deserved=1, limit=1)
+    for i in range(2):
+        c.submit(f"a{i}", "a", gpus=1)
+    run = Run(c.snapshot()).settle()
+    p = run.decisions[-1].pending_for("a1")
+    assert p is not None and p.message == "a would exceed its limit of 1 GPU in pool h100 (using 1, asks 1)"

@@ -53,7 +53,7 @@ def test_work_over_its_projects_limit_says_so_with_its_eta_and_its_start_records
     assert (before["state"], before["reason_code"]) == ("pending", "over-limit")
     args = {"queue": "vision", "level": "project", "pool": "default", "resource": "gpu"}
     assert before["reason_args"] == args | {"used": 1000, "quota": 1000, "asks": 1000}
-    reason = "would put project vision over its limit in pool default: uses 1 of 1 GPUs, asks 1 (1 over)"
+    reason = "would put project vision over its limit in pool default: uses 1 of 1 GPU, asks 1 (1 over)"
     assert (before["reason"], before["reason_short"]) == (reason, "over limit: vision 1+1/1 GPUs in default")
     assert before["position"] == {"project": 1, "project_queued": 2}
     # Its estimated start is when the job at vision's limit reaches the duration it declared.
@@ -115,7 +115,7 @@ def test_work_waiting_for_a_lower_priority_jobs_minimum_runtime_says_until_when(
     assert svc["reason_args"] == {"until": int(until), "victim": "'train'", "project": "vision", "gpu_milli": 1000}
     at = datetime.fromtimestamp(int(until), UTC).strftime("%Y-%m-%d %H:%M:%S")
     reason = (
-        f"waiting for 'train' of project vision to pass its minimum runtime at {at} UTC; then its 1 GPUs may be taken"
+        f"waiting for 'train' of project vision to pass its minimum runtime at {at} UTC; then its 1 GPU may be taken"
     )
     assert (svc["reason"], svc["reason_short"]) == (reason, f"min runtime of 'train' until {at[11:16]} UTC")
     assert svc["position"] == {"project": 1, "project_queued": 1}

@@ -34,7 +34,7 @@ def test_the_why_panel_names_the_projects_limit_with_its_numbers_and_the_queue_p
     row.get_by_role("button", name="Why").click()
     why = page.locator("#why")
     expect(why.locator(".why-reason")).to_have_text(
-        "would put project vision over its limit in pool default: uses 1 of 1 GPUs, asks 1 (1 over) over-limit"
+        "would put project vision over its limit in pool default: uses 1 of 1 GPU, asks 1 (1 over) over-limit"
     )
     expect(why.locator(".why-reason code")).to_have_text("over-limit")
     expect(why.locator(".why-numbers")).to_have_text(

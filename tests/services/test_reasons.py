@@ -48,6 +48,33 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "asks 1; beyond it, preemptible work only borrows idle GPUs, and none are idle for it",
         "over deserved: vision 3+1/2 GPUs in h100",
     ),
+    # One GPU, or a part of one, is singular wherever an amount is followed by its unit (the README's quick start
+    # showed "uses 1 GPUs"); the short forms are ratios and keep the plural.
+    (
+        "over-deserved",
+        {**QUOTA, "used": 1000, "quota": 1000, "asks": 500},
+        "would take project vision past its deserved quota in pool h100: uses 1 GPU, deserves 1, asks 0.5; beyond "
+        "it, preemptible work only borrows idle GPUs, and none are idle for it",
+        "over deserved: vision 1+0.5/1 GPUs in h100",
+    ),
+    (
+        "over-limit",
+        {**QUOTA, "used": 500, "quota": 1000, "asks": 1000},
+        "would put project vision over its limit in pool h100: uses 0.5 of 1 GPU, asks 1 (0.5 over)",
+        "over limit: vision 0.5+1/1 GPUs in h100",
+    ),
+    (
+        "over-limit",
+        {**QUOTA, "resource": "cpu", "used": 1000, "quota": 1000, "asks": 2000},
+        "would put project vision over its limit in pool h100: uses 1 of 1 CPU, asks 2 (2 over)",
+        "over limit: vision 1+2/1 CPUs in h100",
+    ),
+    (
+        "waiting-for-evictions",
+        {"victims": 1, "gpu_milli": 1000, "borrowers": "nlp", "nodes": ""},
+        "waiting for 1 evicted workload of project nlp to release 1 GPU",
+        "waiting for 1 eviction",
+    ),
     (
         "no-node-fits",
         {"members": 1, "gpus": 2, "cpu_milli": 4000, "node": "node-007", "lacks_gpus": 1, "lacks_cpu_milli": 2500},
@@ -97,7 +124,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "waiting-for-evictions",
         {"victims": 1, "gpu_milli": 500, "borrowers": "", "nodes": "node-1"},
-        "waiting for 1 evicted workload to release 0.5 GPUs; it will start on node-1",
+        "waiting for 1 evicted workload to release 0.5 GPU; it will start on node-1",
         "waiting for 1 eviction",
     ),
     (
@@ -111,7 +138,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "min-runtime",
         {"until": 1_780_000_000, "project": "nlp", "gpu_milli": 500},  # another project's: not named
         "waiting for a workload of project nlp to pass its minimum runtime at 2026-05-28 20:26:40 UTC; then its "
-        "0.5 GPUs may be taken",
+        "0.5 GPU may be taken",
         "min runtime of nlp until 20:26 UTC",
     ),
     (

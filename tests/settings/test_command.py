@@ -50,7 +50,7 @@ def test_flags_beat_the_environment_which_beats_the_config_file(tmp_path: Path) 
 
         wait_for(answers, 60, "the server to answer on the flag's port")
         first = log.read_text().splitlines()[0]
-        assert first == f"gpupool: 1 GPUs (simulated: 1× A100), store sqlite:///{data / 'gpupool.db'}"
+        assert first == f"gpupool: 1 GPU (simulated: 1× A100), store sqlite:///{data / 'gpupool.db'}"
         assert (data / "admin-token").is_file()
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -20,6 +20,10 @@ cluster_app = typer.Typer(
 )
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'' if n == 1 else 's'}"
+
+
 def _status(c: ClusterPublic) -> str:
     word = c.status.value + (", draining" if c.draining else "")
     if c.down_since is not None:
@@ -128,13 +132,13 @@ def cluster_describe(name: str, output: Output = OutputOpt) -> None:
     if d.burst is not None:
         b = d.burst
         model = f" {b.gpu_model}" if b.gpu_model else ""
-        print(f"Burst:      up to {b.max_gpus} GPUs in nodes of {b.node_gpus}{model}, ready {duration(b.delay_s)} "
+        print(f"Burst:      up to {_gpus(b.max_gpus)} in nodes of {b.node_gpus}{model}, ready {duration(b.delay_s)} "
               f"after the ask, given back after {duration(b.idle_release_s)} idle")  # fmt: skip
     print(f"Status:     {_status(d)}")
     if d.last_seen_at is not None:
         print(f"Last seen:  {duration(max(0.0, time.time() - d.last_seen_at))} ago")
     print(f"Pools:      {', '.join(d.pools) or '-'} ({d.pool_scope.value})")
-    print(f"Nodes:      {d.nodes} schedulable, {d.gpus} GPUs, {d.allocated_gpus:g} allocated")
+    print(f"Nodes:      {d.nodes} schedulable, {_gpus(d.gpus)}, {d.allocated_gpus:g} allocated")
     for node in d.node_names:
         print(f"  {node}")
     print(f"Workloads:  {len(d.running)}")

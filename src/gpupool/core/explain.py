@@ -15,7 +15,7 @@ from gpupool.core.decision import Arg, Pending, PendingCode
 from gpupool.core.model import MILLI, Request, State
 from gpupool.core.placement.index import IntArray
 from gpupool.core.placement.placer import group_key
-from gpupool.core.quota import gpus
+from gpupool.core.quota import gpu_count, gpus
 from gpupool.core.session import Session
 from gpupool.core.state import NodeState, WorkingState, WorkloadState
 
@@ -385,7 +385,7 @@ class _Enricher:
 def _over_deserved(args: tuple[Arg, ...]) -> str:
     a = dict(args)
     return (
-        f"{a['level']} {a['queue']} uses {gpus(int(a['used']))} of its deserved {gpus(int(a['quota']))} GPUs in "
+        f"{a['level']} {a['queue']} uses {gpus(int(a['used']))} of its deserved {gpu_count(int(a['quota']))} in "
         f"pool {a['pool']}; asking {gpus(int(a['asks']))} more, it may only borrow idle GPUs, and none are idle"
     )
 

@@ -28,14 +28,14 @@ def check(
         if quota.limit is not None and used + milli > quota.limit:
             return QuotaVerdict(
                 PendingCode.OVER_LIMIT,
-                f"{name} would exceed its limit of {gpus(quota.limit)} GPUs in pool {pool} "
+                f"{name} would exceed its limit of {gpu_count(quota.limit)} in pool {pool} "
                 f"(using {gpus(used)}, asks {gpus(milli)})",
             )
         if not preemptible and state.np_used[q][pool_idx] + milli > quota.deserved:
             return QuotaVerdict(
                 PendingCode.NONPREEMPTIBLE_OVER_DESERVED,
                 f"not preemptible, so it must fit in the deserved quota of {name} in pool {pool}: "
-                f"{gpus(quota.deserved)} GPUs, of which non-preemptible work uses {gpus(state.np_used[q][pool_idx])}, "
+                f"{gpu_count(quota.deserved)}, of which non-preemptible work uses {gpus(state.np_used[q][pool_idx])}, "
                 f"asks {gpus(milli)}",
             )
         host = state.host_used[q][pool_idx]
@@ -64,3 +64,9 @@ def gpus(milli: int) -> str:
     if not frac:
         return str(whole)
     return f"{whole}.{frac:03d}".rstrip("0")
+
+
+def gpu_count(milli: int) -> str:
+    """Milli-GPU with its noun, as the rest of gpupool writes a request: 1000 -> '1 GPU', 500 -> '0.5 GPU' (a
+    part of one is singular too), 2000 -> '2 GPUs', 0 -> '0 GPUs'."""
+    return f"{gpus(milli)} {'GPU' if 0 < milli <= MILLI else 'GPUs'}"

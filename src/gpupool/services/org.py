@@ -8,6 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.core import MILLI
+from gpupool.core.quota import gpu_count
 from gpupool.models.accounts import UserCreate, UserCreated, UserPublic
 from gpupool.models.schemas import DepartmentCreate, ProjectCreate, QueuePublic, QuotaIn, QuotaPublic, QuotaUpdate
 from gpupool.services import audit
@@ -44,7 +45,7 @@ def _check_sums(session: Session, parent: QueueRow | None) -> None:
         have = own.get(pool, 0)
         if want > have:
             raise Invalid(
-                f"the children of {parent.name!r} would deserve {want / MILLI:g} GPUs in pool {pool!r}, "
+                f"the children of {parent.name!r} would deserve {gpu_count(want)} in pool {pool!r}, "
                 f"more than its own {have / MILLI:g}"
             )
 
@@ -52,7 +53,7 @@ def _check_sums(session: Session, parent: QueueRow | None) -> None:
 def _quota_row(q: QuotaIn) -> QuotaRow:
     deserved, limit = _milli(q.deserved_gpus) or 0, _milli(q.limit_gpus)
     if limit is not None and limit < deserved:
-        raise Invalid(f"limit ({q.limit_gpus:g} GPUs) is below deserved ({q.deserved_gpus:g} GPUs)")
+        raise Invalid(f"limit ({gpu_count(limit)}) is below deserved ({gpu_count(deserved)})")
     return QuotaRow(pool=q.pool, deserved_milli=deserved, limit_milli=limit, weight=q.weight)
 
 

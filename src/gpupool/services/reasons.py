@@ -43,6 +43,17 @@ def _amount(resource: str, value: int) -> str:
     return gib(value) if resource == "memory" else gpus(value)
 
 
+def _unit(resource: str, value: int) -> str:
+    """The unit after an amount of `value` (milli-GPU, millicores, MiB): one GPU or CPU or a part of one is
+    singular, as a request is written ('1 GPU', '0.5 GPU'); memory is in GiB whatever the amount."""
+    unit = UNITS[resource]
+    return unit.removesuffix("s") if resource != "memory" and 0 < value <= 1000 else unit
+
+
+def _gpu_count(milli: int) -> str:
+    return f"{gpus(milli)} {_unit('gpu', milli)}"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -87,7 +98,7 @@ def _quota(a: Args) -> tuple[str, str, str, str, str]:
     return (
         f"{a['level']} {a['queue']}",
         str(a["pool"]),
-        f"uses {_amount(resource, used)} of {_amount(resource, quota)} {UNITS[resource]}",
+        f"uses {_amount(resource, used)} of {_amount(resource, quota)} {_unit(resource, quota)}",
         f"asks {_amount(resource, asks)}",
         f"{_amount(resource, used + asks - bound)} over",
     )
@@ -109,10 +120,11 @@ def _nonpreemptible(a: Args) -> str:
 def _over_deserved(a: Args) -> str:
     who, pool, _, asks, _ = _quota(a)
     resource = str(a["resource"])
-    used, deserved = _amount(resource, int(a["used"])), _amount(resource, int(a["quota"]))
+    used, deserved = int(a["used"]), _amount(resource, int(a["quota"]))
     fair = f" (fair share {gpus(int(a['fair']))})" if int(a.get("fair", a["quota"])) != int(a["quota"]) else ""
     return (
-        f"would take {who} past its deserved quota in pool {pool}: uses {used} {UNITS[resource]}, deserves "
+        f"would take {who} past its deserved quota in pool {pool}: uses {_amount(resource, used)} "
+        f"{_unit(resource, used)}, deserves "
         f"{deserved}{fair}, {asks}; beyond it, preemptible work only borrows idle GPUs, and none are idle for it"
     )
 
@@ -151,7 +163,7 @@ def _evictions(a: Args) -> str:
     borrowers = str(a.get("borrowers") or "")
     of = f" of project{'s' if ',' in borrowers else ''} {borrowers.replace(',', ', ')}" if borrowers else ""
     nodes = str(a.get("nodes") or "").replace(",", ", ")
-    return f"waiting for {_plural(victims, 'evicted workload')}{of} to release {gpus(int(a['gpu_milli']))} GPUs" + (
+    return f"waiting for {_plural(victims, 'evicted workload')}{of} to release {_gpu_count(int(a['gpu_milli']))}" + (
         f"; it will start on {nodes}" if nodes else ""
     )
 
@@ -163,7 +175,7 @@ def when(seconds: int) -> str:
 def _min_runtime(a: Args) -> str:
     return (
         f"waiting for {a.get('victim') or 'a workload'} of project {a['project']} to pass its minimum runtime at "
-        f"{when(int(a['until']))}; then its {gpus(int(a['gpu_milli']))} GPUs may be taken"
+        f"{when(int(a['until']))}; then its {_gpu_count(int(a['gpu_milli']))} may be taken"
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from gpupool.core import MILLI, Request
 from gpupool.core.feasibility import ever_fits, members_on_empty, node_groups, states_of
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass, class_named
+from gpupool.core.quota import gpu_count
 from gpupool.core.state import NodeState
 from gpupool.models import sizes
 from gpupool.models.schemas import WorkloadCreate
@@ -105,7 +106,7 @@ def _never(req: Request, workers: int, groups: list[list[NodeState]]) -> str:
     if req.gpus:
         most = max((len(n.devices) for n in nodes), default=0)
         if req.gpus > most:
-            return f"{req.gpus} GPUs on one node: no node has more than {most}"
+            return f"{gpu_count(req.gpus * MILLI)} on one node: no node has more than {most}"
     if req.gpu_memory_mib:
         most = max((d.memory for n in nodes for d in n.devices), default=0)
         if req.gpu_memory_mib > most:
@@ -173,8 +174,8 @@ def check_fits(
         if ok:
             return
     if preemptible:
-        raise Invalid(f"this can never run: {total / MILLI:g} GPUs is over the hard limit of {chain[0].name!r}")
+        raise Invalid(f"this can never run: {gpu_count(total)} is over the hard limit of {chain[0].name!r}")
     raise Invalid(
-        f"this can never run: not preemptible, and {total / MILLI:g} GPUs is more than "
+        f"this can never run: not preemptible, and {gpu_count(total)} is more than "
         f"{chain[0].name!r} (or its department) is guaranteed; ask for less or make it preemptible"
     )

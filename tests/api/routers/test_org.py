@@ -65,7 +65,7 @@ async def test_a_department_that_breaks_the_schema_is_422_naming_the_field(
 async def test_a_limit_below_what_is_deserved_is_refused(http: httpx.AsyncClient, make: Factory) -> None:
     body = {"name": make.name("dept"), "deserved_gpus": 2, "limit_gpus": 1}
     r = await http.post("/api/v1/departments", json=body, headers=make.admin.auth)
-    assert (r.status_code, r.json()) == (422, {"detail": "limit (1 GPUs) is below deserved (2 GPUs)"})
+    assert (r.status_code, r.json()) == (422, {"detail": "limit (1 GPU) is below deserved (2 GPUs)"})
 
 
 async def test_projects_together_deserve_no_more_than_their_department(http: httpx.AsyncClient, make: Factory) -> None:
