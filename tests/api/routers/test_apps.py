@@ -4,9 +4,10 @@ OpenAPI document, so the authorisation matrix does not reach them: who may open 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -14,7 +15,7 @@ import httpx
 import pytest
 from starlette.types import Message
 
-from tests.api.inprocess import Api
+from tests.api.inprocess import Api, on_socket
 from tests.api.routers.factories import Factory, client
 from tests.e2e.conftest import free_port
 
@@ -35,10 +36,37 @@ class Echo(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), Echo).serve_forever()
 """
 """An inference service that answers every GET with the path and headers it was sent."""
+COOKIES = """
+import http.server, os
+class App(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)  # with the standard library's own Server and Date headers
+        self.send_header("Set-Cookie", "a=1; Path=/")
+        self.send_header("Set-Cookie", "b=2; Path=/")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), App).serve_forever()
+"""
+"""A service whose answer has a Server, a Date and two Set-Cookie headers."""
 
 
 async def service(make: Factory, project: str, **fields: Any) -> dict[str, Any]:
     return await make.workload(project, **{"type": "inference", "port": free_port(), "command": ["serve"], **fields})
+
+
+@contextlib.asynccontextmanager
+async def running(api: Api, source: str) -> AsyncIterator[tuple[httpx.AsyncClient, Factory, str]]:
+    """An inference service running the Python `source` in a new project of `api`, once it runs: a client of the
+    app in-process, its factory, and the service's address (/apps/<project>/<name>)."""
+    async with client(api) as http:
+        make = Factory(api, http)
+        proj = await make.project()
+        app = await service(make, proj, priority="training", command=[sys.executable, "-c", source])
+        await make.until_state(app, "running")
+        yield http, make, f"/apps/{proj}/{app['name']}"
 
 
 async def test_the_bare_address_of_an_app_gains_its_slash(http: httpx.AsyncClient) -> None:
@@ -145,18 +173,27 @@ async def test_a_websocket_is_refused_without_a_caller_from_elsewhere_or_to_an_a
 async def test_a_running_service_gets_the_request_without_the_callers_credentials(
     fresh_api: Callable[..., Api],
 ) -> None:
-    api = fresh_api()
-    async with client(api) as http:
-        make = Factory(api, http)
-        proj = await make.project()
-        app = await service(make, proj, priority="training", command=[sys.executable, "-c", ECHO])
-        await make.until_state(app, "running")
+    async with running(fresh_api(), ECHO) as (http, make, prefix):
         headers = {**make.admin.auth, "Cookie": "gpupool_session=gps_x; theme=dark", "X-Custom": "kept"}
-        r = await http.get(f"/apps/{proj}/{app['name']}/v1/models", params={"q": "1"}, headers=headers)
+        r = await http.get(f"{prefix}/v1/models", params={"q": "1"}, headers=headers)
         assert r.status_code == 200
         seen = json.loads(r.content)
         forwarded = {k: v for k, v in seen["headers"].items() if k.startswith("x-") or k in ("cookie", "host")}
         assert (seen["path"], "authorization" in seen["headers"], forwarded) == ("/v1/models?q=1", False, {
             "cookie": "theme=dark", "host": "testserver", "x-custom": "kept", "x-forwarded-for": "127.0.0.1",
-            "x-forwarded-proto": "http", "x-forwarded-prefix": f"/apps/{proj}/{app['name']}",
+            "x-forwarded-proto": "http", "x-forwarded-prefix": prefix,
         })  # fmt: skip
+
+
+async def test_through_a_real_server_the_answer_has_one_server_and_one_date_header_and_every_cookie(
+    fresh_api: Callable[..., Api],
+) -> None:
+    api = fresh_api()
+    async with running(api, COOKIES) as (_, make, prefix):
+        # Served by uvicorn, which adds its own Server and Date to every answer, as `gpupool server` does.
+        with on_socket(api.app) as url:
+            async with httpx.AsyncClient() as real:
+                r = await real.get(f"{url}{prefix}/", headers=make.admin.auth)
+    names = [k.decode("latin-1").lower() for k, _ in r.headers.raw]
+    assert (r.status_code, r.text, names.count("server"), names.count("date")) == (200, "ok", 1, 1)
+    assert (r.headers["server"], r.headers.get_list("set-cookie")) == ("uvicorn", ["a=1; Path=/", "b=2; Path=/"])

@@ -49,6 +49,9 @@ _WS_DROP = frozenset(
     {"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions", "sec-websocket-protocol"}
 )
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_OURS_TO_SET = frozenset({"server", "date"})
+"""Headers of an app's answer that the server sets itself (uvicorn adds both to every answer, and does not look at
+what the app sent): passed on, each would come twice. The proxy's own win, as nginx's do."""
 
 
 OURS = ("gp_", "gps_", "gpk_", apps.APP_SESSION_PREFIX, apps.TICKET_PREFIX)
@@ -268,10 +271,11 @@ async def app_http(request: Request, project: str, name: str, rest: str) -> Resp
         await upstream.aclose()
         await client.aclose()
 
-    out_headers = {k: v for k, v in upstream.headers.multi_items() if k.lower() not in _HOP - {"content-length"}}
-    return StreamingResponse(
-        _body(upstream), status_code=upstream.status_code, headers=out_headers, background=BackgroundTask(close)
-    )
+    dropped = (_HOP - {"content-length"}) | _OURS_TO_SET
+    answer = StreamingResponse(_body(upstream), status_code=upstream.status_code, background=BackgroundTask(close))
+    # As raw pairs, in the app's order: a mapping would keep one of several Set-Cookie headers (JupyterLab sends two).
+    answer.raw_headers = [(k.lower(), v) for k, v in upstream.headers.raw if k.lower().decode("latin-1") not in dropped]
+    return answer
 
 
 async def _body(upstream: httpx.Response) -> AsyncIterator[bytes]:
