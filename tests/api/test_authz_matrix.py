@@ -155,6 +155,19 @@ def _remove_member(w: World, t: str) -> Request:
     return "DELETE", f"/api/v1/queues/{_project(t)}/members/{name}", None, {}
 
 
+def _offboard(what: str) -> Callable[[World, str], Request]:
+    """Disable, enable or delete a fresh user of the tenant's project (only admins offboard anyone)."""
+
+    def build(w: World, t: str) -> Request:
+        name = w.fresh("u")
+        w.admin("POST", "/api/v1/users", {"name": name, "projects": [_project(t)]})
+        if what == "delete":
+            return "DELETE", f"/api/v1/users/{name}", None, {}
+        return "POST", f"/api/v1/users/{name}/{what}", {} if what == "disable" else None, {}
+
+    return build
+
+
 def _set_member(w: World, t: str) -> Request:
     name = w.fresh("u")
     w.admin("POST", "/api/v1/users", {"name": name})
@@ -240,7 +253,10 @@ CASES: dict[str, Case] = {
         _by(MANAGERS_OWN, MANAGERS_OTHER, 200),
     ),
     "set_member": (_set_member, _by(MANAGERS_OWN, MANAGERS_OTHER, 200)),
-    "remove_member": (_remove_member, _by(MANAGERS_OWN, MANAGERS_OTHER, 204)),
+    "remove_member": (_remove_member, _by(MANAGERS_OWN, MANAGERS_OTHER, 200)),
+    "disable_user": (_offboard("disable"), _only({"admin"}, 200)),
+    "enable_user": (_offboard("enable"), _only({"admin"}, 200)),
+    "delete_user": (_offboard("delete"), _only({"admin"}, 200)),
     "update_project": (
         lambda w, t: ("PATCH", f"/api/v1/projects/{_project(t)}", {"production_allowed": False}, {}),
         _by(MANAGERS_OWN, MANAGERS_OTHER, 200),
@@ -486,8 +502,8 @@ def test_every_mutating_operation_leaves_an_audit_record(world: World) -> None:
                 if m.upper() in ("POST", "PUT", "PATCH", "DELETE")]  # fmt: skip
     # 19, single sign-on's session, device and device/{handle}, 4 of code, rerun, delete and apply, volumes' create
     # and delete, a workload's files, the portal's cookie session, clusters' add, drain and remove, a
-    # department's burst settings, and sweeps' create and cancel
-    assert len(mutating) == 39
+    # department's burst settings, sweeps' create and cancel, and a user's disable, enable and delete
+    assert len(mutating) == 42
     for i, (method, path) in enumerate(mutating):
         concrete = path.replace("{name}", "p1").replace("{user}", "member").replace("{token_id}", "1")
         concrete = concrete.replace("{ref}", "w1").replace("{handle}", "h" * 43).replace("{digest}", EMPTY)

@@ -196,6 +196,25 @@ def test_a_second_login_is_the_same_user_and_the_map_is_applied_again(site: Site
     assert _whoami(s, third["token"])["role"] == "member" and _whoami(s, third["token"])["projects"] == []
 
 
+def test_a_disabled_user_is_refused_whatever_the_providers_groups_say_until_enabled(site: Site) -> None:
+    s = site.start("vision-team=project:vision:member")
+    site.org()
+    where, first = site.sign_in(email="alice@example.com")
+    assert where == "/#/sso" and first is not None
+    name = first["name"]
+    s.cli("user", "disable", name)
+    assert _whoami_status(s, first["token"]) == 401  # the session it had is refused at once
+    where, refused = site.sign_in(email="alice@example.com")
+    assert (where, refused) == ("/#/login?sso_error=disabled", None)
+    s.cli("user", "enable", name)
+    where, again = site.sign_in(email="alice@example.com")
+    assert where == "/#/sso" and again is not None and again["name"] == name
+
+
+def _whoami_status(s: Server, token: str) -> int:
+    return httpx.get(f"{s.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code
+
+
 def _cli_login(site: Site, env: dict[str, str], **person: Any) -> tuple[int, str, str]:
     """`gpupool login --sso` in a subprocess; the person opens the URL it prints and approves."""
     s = site.server

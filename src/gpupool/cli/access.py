@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from gpupool.cli import contexts
+from gpupool.cli.admin import said
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
 from gpupool.cli.policy import _when
 from gpupool.models.access import ProjectSettings, TokenCreate
@@ -98,11 +99,18 @@ def member_set(
 
 
 @member_app.command("remove")
-def member_remove(queue: str, user: str) -> None:
-    """Take someone out of a project or department (their open app sessions end within a minute)."""
+def member_remove(
+    queue: str,
+    user: str,
+    keep_work: Annotated[
+        bool, typer.Option("--keep-work", help="Leave their workloads in the project running (default: cancel).")
+    ] = False,
+) -> None:
+    """Take someone out of a project or department: their live workloads in the project are cancelled (unless
+    --keep-work) and their open app sessions end within a minute."""
     with client() as c:
-        c.remove_member(queue, user)
-    print(f"{user} removed from {queue}")
+        out = c.remove_member(queue, user, keep_work)
+    print(said(f"{user} removed from {queue}", out))
 
 
 @member_app.command("list")

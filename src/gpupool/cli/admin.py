@@ -10,7 +10,7 @@ import typer
 from gpupool.cli import contexts
 from gpupool.cli.connection import Output, OutputOpt, client, emit_json, fail, print_table
 from gpupool.client import ApiError, Client
-from gpupool.models.accounts import LoginResponse, UserCreate
+from gpupool.models.accounts import LoginResponse, Offboarded, UserCreate
 from gpupool.models.schemas import DepartmentCreate, ProjectCreate, QueuePublic, QuotaUpdate
 
 department_app = typer.Typer(help="Departments: groups of projects with a quota of their own.", no_args_is_help=True)
@@ -208,14 +208,56 @@ def user_password(
 
 
 @user_app.command("list")
-def user_list(output: Output = OutputOpt) -> None:
-    """List users, their roles and projects."""
+def user_list(
+    deleted: Annotated[bool, typer.Option("--deleted", help="Deleted users too.")] = False, output: Output = OutputOpt
+) -> None:
+    """List users, their roles, projects and state (active, disabled, deleted)."""
     with client() as c:
-        rows = c.list_users()
+        rows = c.list_users(deleted)
     if output is Output.json:
         emit_json(rows)
         return
-    print_table("users", ("NAME", "ROLE", "PROJECTS"), ((u.name, u.role, ", ".join(u.projects) or "-") for u in rows))
+    print_table("users", ("NAME", "ROLE", "STATE", "PROJECTS"),
+                ((u.name, u.role, u.state, ", ".join(u.projects) or "-") for u in rows))  # fmt: skip
+
+
+KeepWork = Annotated[
+    bool, typer.Option("--keep-work", help="Leave their running and queued workloads as they are (default: cancel).")
+]
+
+
+def said(what: str, out: Offboarded) -> str:
+    """What an offboarding did, in one line: the user, and the work it cancelled."""
+    if not out.stopped:
+        return f"{what}; none of their workloads was stopped"
+    return f"{what}; cancelled {len(out.stopped)} of their workload(s): {', '.join(out.stopped)}"
+
+
+@user_app.command("disable")
+def user_disable(name: str, keep_work: KeepWork = False, output: Output = OutputOpt) -> None:
+    """Offboard someone for now: none of their tokens, sessions or apps works until `user enable`; their live
+    workloads are cancelled (unless --keep-work)."""
+    with client() as c:
+        out = c.disable_user(name, keep_work)
+    emit_json(out) if output is Output.json else print(said(f"user {name} disabled", out))
+
+
+@user_app.command("enable")
+def user_enable(name: str) -> None:
+    """Let a disabled user sign in again, with the tokens it had."""
+    with client() as c:
+        c.enable_user(name)
+    print(f"user {name} enabled")
+
+
+@user_app.command("delete")
+def user_delete(name: str, keep_work: KeepWork = False, output: Output = OutputOpt) -> None:
+    """Offboard someone for good: their tokens revoked, out of every project and of `user list`; their name stays
+    with their workloads and reports (and is not given to anyone else). Their live workloads are cancelled
+    (unless --keep-work)."""
+    with client() as c:
+        out = c.delete_user(name, keep_work)
+    emit_json(out) if output is Output.json else print(said(f"user {name} deleted", out))
 
 
 __all__ = ["ApiError", "department_app", "login", "project_app", "user_app", "whoami"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -23,6 +23,8 @@ from gpupool.models.accounts import (
     DevicePending,
     DeviceStart,
     LoginResponse,
+    Offboarded,
+    Offboarding,
     SsoConfig,
     UserCreate,
     UserCreated,
@@ -175,8 +177,19 @@ class Client:
         body = {"password": password, **({"current": current} if current is not None else {})}
         self._call("PUT", f"/api/v1/users/{name}/password", json=body)
 
-    def list_users(self) -> list[UserPublic]:
-        return self._list(UserPublic, "/api/v1/users")
+    def list_users(self, deleted: bool = False) -> list[UserPublic]:
+        return self._list(UserPublic, "/api/v1/users", params={"deleted": "true"} if deleted else {})
+
+    def disable_user(self, name: str, keep_work: bool = False) -> Offboarded:
+        """Nothing the user holds signs in until enabled again; its live work is cancelled unless `keep_work`."""
+        return self._send(Offboarded, "POST", f"/api/v1/users/{name}/disable", Offboarding(keep_work=keep_work))
+
+    def enable_user(self, name: str) -> Offboarded:
+        return self._send(Offboarded, "POST", f"/api/v1/users/{name}/enable")
+
+    def delete_user(self, name: str, keep_work: bool = False) -> Offboarded:
+        params = {"keep_work": "true"} if keep_work else {}
+        return self._send(Offboarded, "DELETE", f"/api/v1/users/{name}", params=params)
 
     def logout(self) -> None:
         self._call("POST", "/api/v1/logout")
@@ -198,8 +211,10 @@ class Client:
         body = MemberSet.model_validate({"role": role})
         return self._send(MemberPublic, "PUT", f"/api/v1/queues/{queue}/members/{user}", body)
 
-    def remove_member(self, queue: str, user: str) -> None:
-        self._call("DELETE", f"/api/v1/queues/{queue}/members/{user}")
+    def remove_member(self, queue: str, user: str, keep_work: bool = False) -> Offboarded:
+        """Their live work in the project is cancelled unless `keep_work`."""
+        params = {"keep_work": "true"} if keep_work else {}
+        return self._send(Offboarded, "DELETE", f"/api/v1/queues/{queue}/members/{user}", params=params)
 
     def update_project(self, name: str, body: ProjectSettings) -> QueuePublic:
         return self._send(QueuePublic, "PATCH", f"/api/v1/projects/{name}", body)
@@ -227,9 +242,14 @@ class Client:
         return self._send(WorkloadPublic, "POST", "/api/v1/workloads", body, headers=headers)
 
     def list_workloads(
-        self, project: str | None = None, state: str | None = None, limit: int = 1000, user: str | None = None
+        self,
+        project: str | None = None,
+        state: str | Sequence[str] | None = None,
+        limit: int = 1000,
+        user: str | None = None,
     ) -> list[WorkloadPublic]:
-        """Every page, newest first; `user`: only those this user submitted."""
+        """Every page, newest first; `state`: in this state or any of these; `user`: only those this user
+        submitted."""
         out: list[WorkloadPublic] = []
         asked = {"project": project, "state": state, "limit": limit, "user": user}
         params: dict[str, Any] = {k: v for k, v in asked.items() if v}

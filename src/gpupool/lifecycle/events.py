@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpupool.durations import format_duration
-from gpupool.lifecycle.phases import REQUEUES, StopReason
+from gpupool.lifecycle.phases import REQUEUES, Offboarding, StopReason
 
 
 class EventCode(StrEnum):
@@ -54,12 +54,29 @@ def _exit(code: Any) -> str:
     return "an unknown status (killed or lost)" if code is None else f"code {code}"
 
 
+_OFFBOARDED = {
+    Offboarding.REMOVED: "was removed from project {project}",
+    Offboarding.DISABLED: "was disabled",
+    Offboarding.DELETED: "was deleted",
+}
+
+
+def cancelled(args: Mapping[str, Any]) -> str:
+    """"cancelled by admin", and why where its owner did not ask: "…: its owner ana was removed from project nlp"."""
+    said = f"cancelled by {args.get('by', '?')}"
+    try:
+        why = Offboarding(str(args.get("offboarded")))
+    except ValueError:
+        return said
+    return f"{said}: its owner {args.get('owner', '?')} " + _OFFBOARDED[why].format(project=args.get("project", "?"))
+
+
 def stop_cause(reason: str | None, args: Mapping[str, Any]) -> str:
     """Why a workload was stopped, in a few words: "idle for 5m (limit 5m)", "reclaim: …"."""
     if "text" in args:  # written as a sentence before events had codes
         return str(args["text"])
     if reason == StopReason.CANCEL:
-        return f"cancelled by {args.get('by', '?')}"
+        return cancelled(args)
     if reason == StopReason.IDLE:
         return f"idle for {duration(args.get('idle_s', 0))} (limit {duration(args.get('limit_s', 0))})"
     if reason == StopReason.MAX_RUNTIME:
@@ -116,5 +133,5 @@ def render(code: str | None, reason: str | None, args: Mapping[str, Any] | None)
                 return f"stopped by policy: {stop_cause(reason, a)}"
             return stop_cause(StopReason.MEMBER_FAILED, a) if "member" in a else "failed"
         case EventCode.CANCELLED:
-            return f"cancelled by {a.get('by', '?')}"
+            return cancelled(a)
     return str(a.get("text", code or ""))

@@ -185,3 +185,12 @@ HELD = frozenset({BurstPhase.ASKING, BurstPhase.PROVISIONING, BurstPhase.READY})
 """Asked for and not given back: billed, and counted against its pool's size and its department's budget."""
 OPEN = HELD | {BurstPhase.RELEASING}
 """Still to be followed with the provider."""
+
+
+class Offboarding(StrEnum):
+    """Why an admin's offboarding cancelled someone's work (a cancel's `offboarded` argument)."""
+
+    REMOVED = "removed"
+    """Its owner was taken out of its project."""
+    DISABLED = "disabled"
+    DELETED = "deleted"

@@ -142,17 +142,18 @@ def request_stop(row: WorkloadRow, reason: StopReason, now: float, **args: Any) 
     return _move(row, phase(row), EventCode.STOP_REQUESTED, now, reason.value, **args)
 
 
-def cancel(row: WorkloadRow, by: str, now: float) -> EventRow | None:
-    """A queued workload ends at once; a live one is asked to stop and ends when its members are gone."""
+def cancel(row: WorkloadRow, by: str, now: float, **args: Any) -> EventRow | None:
+    """A queued workload ends at once; a live one is asked to stop and ends when its members are gone. `args`
+    say more of why, where it was not its owner's doing (an offboarding: `offboarded`, `owner`, `project`)."""
     if phase(row) in QUEUED:
         row.finished_at = now
         row.hold, row.retry_at = False, None
-        return _move(row, Phase.CANCELLED, EventCode.CANCELLED, now, by=by)
+        return _move(row, Phase.CANCELLED, EventCode.CANCELLED, now, by=by, **args)
     if row.stop_reason == StopReason.CANCEL:
         return None
     # A cancel overrides a stop already under way (an eviction would requeue it): the user wants it gone.
     row.stop_reason = None
-    return request_stop(row, StopReason.CANCEL, now, by=by)
+    return request_stop(row, StopReason.CANCEL, now, by=by, **args)
 
 
 def resume(row: WorkloadRow, by: str, now: float) -> EventRow:

@@ -23,10 +23,29 @@ class UserCreate(Wire):
     projects: list[ShortText] = Field(default_factory=list, max_length=100)
 
 
+UserState = Literal["active", "disabled", "deleted"]
+
+
 class UserPublic(Reply):
     name: str
     role: Role
     projects: list[str]
+    state: UserState = "active"
+    """disabled: nothing it holds signs in until an admin enables it; deleted: listed only when asked for."""
+
+
+class Offboarding(Wire):
+    keep_work: bool = False
+    """Leave the user's live workloads running (by default they are cancelled, saying why)."""
+
+
+class Offboarded(Reply):
+    """What disabling, deleting or removing someone from a project did."""
+
+    user: str
+    state: UserState
+    stopped: list[str] = Field(default_factory=list)
+    """Their workloads cancelled by it, as project/name."""
 
 
 class UserCreated(UserPublic):

@@ -195,7 +195,7 @@ def app_session_caller(session: Session, token: str, project: str, name: str) ->
     if row.expires_at is None or row.expires_at <= time.time() or row.app != name:
         return None
     queue, user = session.get(QueueRow, row.project_id), session.get(UserRow, row.user_id)
-    if queue is None or queue.name != project or user is None:
+    if queue is None or queue.name != project or user is None or user.disabled_at is not None:
         return None
     return principal_for(session, user, token_id=row.id, kind="app_session")
 

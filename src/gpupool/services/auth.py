@@ -134,7 +134,7 @@ def authenticate(session: Session, token: str, now: float | None = None) -> Prin
     if row.expires_at is not None and row.expires_at <= at:
         return None
     user = session.get(UserRow, row.user_id)
-    if user is None:
+    if user is None or user.disabled_at is not None:  # offboarded: nothing it holds signs in
         return None
     if row.last_used_at is None or at - row.last_used_at > 60:  # a write a minute at most per token
         row.last_used_at = at
@@ -151,7 +151,7 @@ def _workload_principal(session: Session, token: str) -> Principal | None:
     if row is None or row.attempt != found[1] or row.state not in LIVE:
         return None
     user = session.get(UserRow, row.owner_id)
-    if user is None:
+    if user is None or user.disabled_at is not None:  # a workload kept running offboards with its owner's rights
         return None
     return principal_for(session, user, scope=row.project_id, cap="member", kind="workload")
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.lifecycle.phases import Offboarding
 from gpupool.models.access import MemberPublic, ProjectSettings
+from gpupool.models.accounts import Offboarded
 from gpupool.models.schemas import QueuePublic
+from gpupool.services import users
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Forbidden, Invalid, NotFound
-from gpupool.services.org import queue_public, visible_queue
+from gpupool.services.org import queue_public, state_of, visible_queue
 from gpupool.store.tables import MembershipRow, QueueRow, UserRow
 
 
@@ -47,7 +50,11 @@ def set_member(session: Session, who: Principal, queue_name: str, user_name: str
     return MemberPublic(user=user.name, queue=queue.name, role=role)
 
 
-def remove_member(session: Session, who: Principal, queue_name: str, user_name: str) -> None:
+def remove_member(
+    session: Session, who: Principal, queue_name: str, user_name: str, keep_work: bool = False
+) -> Offboarded:
+    """Out of a project (or a department's admins): their live work in the project is cancelled, saying why,
+    unless `keep_work` (it then runs on, still theirs, until it ends)."""
     queue = visible_queue(session, who, queue_name)
     user = _user(session, user_name)
     row = session.get(MembershipRow, (user.id, queue.id))
@@ -56,6 +63,10 @@ def remove_member(session: Session, who: Principal, queue_name: str, user_name: 
     _may_manage(who, queue, row.role)
     session.delete(row)
     session.commit()
+    stopped = []
+    if queue.kind == "project" and not keep_work:
+        stopped = users.stop_work(session, who, user, Offboarding.REMOVED, [queue.id])
+    return Offboarded(user=user.name, state=state_of(user), stopped=stopped)
 
 
 def list_members(session: Session, who: Principal, queue_name: str) -> list[MemberPublic]:

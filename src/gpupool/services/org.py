@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.core import MILLI
 from gpupool.core.quota import gpu_count
-from gpupool.models.accounts import UserCreate, UserCreated, UserPublic
+from gpupool.models.accounts import UserCreate, UserCreated, UserPublic, UserState
 from gpupool.models.schemas import DepartmentCreate, ProjectCreate, QueuePublic, QuotaIn, QuotaPublic, QuotaUpdate
 from gpupool.services import audit
 from gpupool.services.auth import Principal, hash_token, new_token
@@ -181,7 +181,10 @@ def create_user(session: Session, who: Principal, body: UserCreate) -> UserCreat
             raise Forbidden("only an admin may create admins" if body.role == "admin" else "only admins may do this")
         if not projects or not all(who.manages_project(p.id) for p in projects):
             raise Forbidden("a department admin creates users in its own projects only: name them")
-    if session.scalar(select(UserRow.id).where(UserRow.name == body.name)) is not None:
+    taken = session.scalar(select(UserRow).where(UserRow.name == body.name))
+    if taken is not None and taken.deleted_at is not None:
+        raise Conflict(f"{body.name!r} was a user, deleted: its workloads and reports keep the name; choose another")
+    if taken is not None:
         raise Conflict(f"a user named {body.name!r} already exists")
     now = time.time()
     user = UserRow(name=body.name, role=body.role, kind="person", created_at=now)
@@ -196,8 +199,13 @@ def create_user(session: Session, who: Principal, body: UserCreate) -> UserCreat
     return UserCreated(name=user.name, role=body.role, projects=sorted(set(body.projects)), token=token)
 
 
-def list_users(session: Session, who: Principal) -> list[UserPublic]:
-    """Admins see everyone; a department admin the people of its projects."""
+def state_of(user: UserRow) -> UserState:
+    return "deleted" if user.deleted_at is not None else "disabled" if user.disabled_at is not None else "active"
+
+
+def list_users(session: Session, who: Principal, include_deleted: bool = False) -> list[UserPublic]:
+    """Admins see everyone; a department admin the people of its projects. Deleted users only when asked for
+    (and by admins: a deleted user belongs to no project)."""
     if not who.is_admin and not who.departments:
         raise Forbidden("only admins and department admins may list users")
     names = {q.id: q.name for q in session.scalars(select(QueueRow))}
@@ -206,7 +214,7 @@ def list_users(session: Session, who: Principal) -> list[UserPublic]:
         if who.is_admin or who.manages_project(m.project_id) or m.project_id in who.departments:
             members.setdefault(m.user_id, []).append(names[m.project_id])
     return [
-        UserPublic(name=u.name, role=u.role, projects=sorted(members.get(u.id, [])))
+        UserPublic(name=u.name, role=u.role, projects=sorted(members.get(u.id, [])), state=state_of(u))
         for u in session.scalars(select(UserRow).order_by(UserRow.name))
-        if who.is_admin or u.id in members
+        if (who.is_admin or u.id in members) and (include_deleted or u.deleted_at is None)
     ]

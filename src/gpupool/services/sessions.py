@@ -144,6 +144,8 @@ def login(
         limiter.failed(name, address)
         raise Unauthorized("wrong name or password")
     limiter.succeeded(name, address)
+    if user.disabled_at is not None:  # told only to whoever knows the password
+        raise Forbidden(f"the user {name!r} is disabled: an admin can enable it again")
     now = time.time()
     token, row = open_session(session, user, now)
     return token, row.expires_at or now, principal_for(session, user, token_id=row.id, kind="session")

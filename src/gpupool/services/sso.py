@@ -41,6 +41,7 @@ from gpupool.store.tables import MembershipRow, QueueRow, UserRow
 log = logging.getLogger("gpupool.sso")
 
 NO_ACCESS = "your groups give you no access to gpupool"
+DISABLED = "your gpupool account is disabled: an admin can enable it again"
 
 
 class Refused(ServiceError):
@@ -211,6 +212,8 @@ def sign_in(
         raise Refused("email_unverified", "the identity provider has not verified this email address")
     at = time.time() if now is None else now
     user = session.scalar(select(UserRow).where(UserRow.issuer == identity.issuer, UserRow.subject == identity.subject))
+    if user is not None and user.disabled_at is not None:  # offboarded here, whatever the provider's groups say
+        raise Refused("disabled", DISABLED)
     admin, grants = _memberships(session, roles, identity.groups)
     if not admin and not grants:
         if user is not None:  # the provider took everything away: so does gpupool

@@ -91,6 +91,10 @@ class UserRow(Base):
     subject: Mapped[str | None] = mapped_column(String(255), nullable=True)
     email: Mapped[str | None] = mapped_column(String(255), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+    disabled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Offboarded: no token, session or sign-in of its works; enabling it again restores them (a deleted one never)."""
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Deleted: disabled for good, out of its projects and of the user list; its name stays in history and reports."""
 
 
 class MembershipRow(Base):

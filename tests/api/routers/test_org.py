@@ -203,9 +203,10 @@ async def test_a_user_is_created_with_a_token_shown_once(http: httpx.AsyncClient
         "name": name,
         "role": "viewer",
         "projects": sorted([a, b]),
+        "state": "active",
     }
     listed = [u for u in (await http.get("/api/v1/users", headers=make.admin.auth)).json() if u["name"] == name]
-    assert listed == [{"name": name, "role": "viewer", "projects": sorted([a, b])}]
+    assert listed == [{"name": name, "role": "viewer", "projects": sorted([a, b]), "state": "active"}]
     again = await http.post("/api/v1/users", json={"name": name}, headers=make.admin.auth)
     assert (again.status_code, again.json()) == (409, {"detail": f"a user named {name!r} already exists"})
 

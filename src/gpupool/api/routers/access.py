@@ -19,6 +19,7 @@ from gpupool.models.access import (
     TokenCreated,
     TokenPublic,
 )
+from gpupool.models.accounts import Offboarded
 from gpupool.models.schemas import QueuePublic
 from gpupool.models.wire import INT32_MAX, UNIX_MAX, UNIX_MIN, Name
 from gpupool.services import audit, members, secrets, tokens
@@ -66,11 +67,22 @@ def set_member(
     return out
 
 
-@router.delete("/queues/{name}/members/{user}", status_code=204)
-def remove_member(name: Name, user: Name, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> None:
+@router.delete("/queues/{name}/members/{user}", response_model=Offboarded)
+def remove_member(
+    name: Name,
+    user: Name,
+    session: SessionDep,
+    ctx: ContextDep,
+    who: CurrentUser,
+    keep_work: Annotated[bool, Query(description="Leave their live work in the project running")] = False,
+) -> Offboarded:
+    """Their live work in the project is cancelled (unless keep_work); `stopped` names it."""
     audit.note(tenant=name, obj=f"member/{user}")
-    members.remove_member(session, who, name, user)
+    out = members.remove_member(session, who, name, user, keep_work)
     ctx.principals.clear()
+    if out.stopped:
+        ctx.controller.wake()
+    return out
 
 
 @router.patch("/projects/{name}", response_model=QueuePublic)

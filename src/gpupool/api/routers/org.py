@@ -1,12 +1,15 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, status
+from typing import Annotated
 
-from gpupool.api.deps import ContextDep, CurrentUser, SessionDep, no_store
+from fastapi import APIRouter, Depends, Query, status
+
+from gpupool.api.deps import Context, ContextDep, CurrentUser, SessionDep, no_store
 from gpupool.api.errors import ERRORS
-from gpupool.models.accounts import UserCreate, UserCreated, UserPublic
+from gpupool.models.accounts import Offboarded, Offboarding, UserCreate, UserCreated, UserPublic
 from gpupool.models.schemas import DepartmentCreate, PolicyPublic, PolicyUpdate, ProjectCreate, QueuePublic, QuotaUpdate
-from gpupool.services import org, policies
+from gpupool.models.wire import Name
+from gpupool.services import org, policies, users
 
 router = APIRouter(tags=["organisation"], responses=ERRORS)
 
@@ -58,5 +61,38 @@ def create_user(body: UserCreate, session: SessionDep, ctx: ContextDep, who: Cur
 
 
 @router.get("/users", response_model=list[UserPublic])
-def list_users(session: SessionDep, who: CurrentUser) -> list[UserPublic]:
-    return org.list_users(session, who)
+def list_users(session: SessionDep, who: CurrentUser, deleted: bool = False) -> list[UserPublic]:
+    """Deleted users only with `deleted`."""
+    return org.list_users(session, who, include_deleted=deleted)
+
+
+def _offboarded(ctx: Context, out: Offboarded) -> Offboarded:
+    ctx.principals.clear()  # what the user holds is refused at once, not after the cache's few seconds
+    if out.stopped:
+        ctx.controller.wake()
+    return out
+
+
+@router.post("/users/{name}/disable", response_model=Offboarded)
+def disable_user(name: Name, body: Offboarding, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> Offboarded:
+    """Nothing the user holds signs in (tokens, sessions, apps, its workloads' tokens) until enabled again; its live
+    work is cancelled unless keep_work."""
+    return _offboarded(ctx, users.disable(session, who, name, body.keep_work))
+
+
+@router.post("/users/{name}/enable", response_model=Offboarded)
+def enable_user(name: Name, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> Offboarded:
+    return _offboarded(ctx, users.enable(session, who, name))
+
+
+@router.delete("/users/{name}", response_model=Offboarded)
+def delete_user(
+    name: Name,
+    session: SessionDep,
+    ctx: ContextDep,
+    who: CurrentUser,
+    keep_work: Annotated[bool, Query(description="Leave the user's live work running")] = False,
+) -> Offboarded:
+    """Disabled for good: its tokens revoked, out of every project and of the user list; its name stays with its
+    workloads and reports. Its live work is cancelled unless keep_work."""
+    return _offboarded(ctx, users.delete_user(session, who, name, keep_work))
