@@ -20,6 +20,7 @@ from gpupool.durations import format_duration
 from gpupool.lifecycle.events import EventCode
 from gpupool.lifecycle.phases import QUEUED, Phase
 from gpupool.models.schemas import EventPublic, WorkloadDetail, WorkloadPublic
+from gpupool.models.wire import states_named
 
 LOG_TAIL = 20
 """Lines of a failed workload's log that `describe` shows."""
@@ -56,7 +57,10 @@ def _relative(at: float, now: float | None = None) -> str:
 
 def list_(
     project: ProjectOpt = None,
-    state: Annotated[str | None, typer.Option("--state", help="Only workloads in this state.")] = None,
+    state: Annotated[
+        list[str] | None,
+        typer.Option("--state", help="Only workloads in these states: repeat it, or separate them with commas."),
+    ] = None,
     mine: Annotated[bool, typer.Option("--mine", help="Only the workloads you submitted.")] = False,
     user: Annotated[str | None, typer.Option("--user", help="Only the workloads this user submitted.")] = None,
     watch: Annotated[bool, typer.Option("-w", "--watch", help="Refresh every 2 seconds until Ctrl-C.")] = False,
@@ -64,16 +68,18 @@ def list_(
 ) -> None:
     """List workloads you can see, newest first. Names are never cut: columns that do not fit the terminal are
     left out instead (PRIORITY, TYPE, ETA, OWNER, NODE/DEVICES, PROJECT, GPUS, AGE, in that order)."""
-    if state is not None and state not in tuple(Phase):
-        fail(f"--state {state!r}: expected one of {', '.join(Phase)}", 2)
+    try:
+        states = states_named(state or [])
+    except ValueError as e:
+        fail(f"--state {e}", 2)
     if mine and user is not None:
         fail("--mine and --user: give one or the other", 2)
     with client() as c:
         owner = c.whoami().name if mine else user
         if watch:
-            _watch(lambda: c.list_workloads(project, state, user=owner), output)
+            _watch(lambda: c.list_workloads(project, states, user=owner), output)
             return
-        rows = c.list_workloads(project, state, user=owner)
+        rows = c.list_workloads(project, states, user=owner)
     if output is Output.json:
         emit_json(rows)
         return

@@ -7,6 +7,7 @@ The client and the CLI import the models too, so they depend on pydantic (and th
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -61,6 +62,18 @@ class Reply(BaseModel):
     that answers with more fields."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+def states_named(values: Iterable[str]) -> list[Phase]:
+    """The states a list filter names, each value one state or several separated by commas (`running,pending`, as
+    `gpupool list --state` takes them), each once, in the order given; ValueError naming the valid ones."""
+    out: list[Phase] = []
+    for name in (n.strip() for value in values for n in value.split(",")):
+        if name not in tuple(Phase):
+            raise ValueError(f"{name[:40]!r} is not a state; the states: {', '.join(Phase)}")
+        if Phase(name) not in out:
+            out.append(Phase(name))
+    return out
 
 
 CODE_DIGEST = r"^sha256:[0-9a-f]{64}$"

@@ -224,7 +224,7 @@ def list_workloads(
     who: Principal,
     *,
     project: str | None = None,
-    state: str | None = None,
+    state: str | Sequence[str] | None = None,
     user: str | None = None,
     limit: int = 100,
     cursor: str | None = None,
@@ -250,8 +250,9 @@ def list_workloads(
         query = query.where(WorkloadRow.project_id == p.id)
     elif not who.is_admin:
         query = query.where(WorkloadRow.project_id.in_(sorted(who.project_ids)))
-    if state is not None:
-        query = query.where(WorkloadRow.state == state)
+    states = [state] if isinstance(state, str) else sorted(set(state or ()))
+    if states:  # one state is the (state, id) index's range, as before; several, an IN over it
+        query = query.where(WorkloadRow.state == states[0] if len(states) == 1 else WorkloadRow.state.in_(states))
     if user is not None:
         # An unknown name lists nothing, as a known one with no workloads here does: which names exist in other
         # tenants is not the caller's to learn.

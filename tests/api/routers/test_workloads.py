@@ -195,6 +195,25 @@ async def test_the_list_filters_by_state_and_project_and_shows_the_callers_proje
     assert (r.status_code, r.json()) == (404, {"detail": f"no project named {theirs!r}"})
 
 
+async def test_the_list_filters_by_several_states_given_as_repeated_parameters(
+    http: httpx.AsyncClient, make: Factory
+) -> None:
+    proj = await make.project()
+    pending, cancelled = await make.workload(proj), await make.workload(proj)
+    await make.ok("POST", f"/api/v1/workloads/{cancelled['id']}/cancel")
+    both = {"project": proj, "state": ["cancelled", "pending"]}
+    page = (await http.get("/api/v1/workloads", params=both, headers=make.admin.auth)).json()
+    assert [w["id"] for w in page["items"]] == [cancelled["id"], pending["id"]]
+    page = (await http.get("/api/v1/workloads", params={**both, "state": ["running", "succeeded"]},
+                           headers=make.admin.auth)).json()  # fmt: skip
+    assert page["items"] == []
+    r = await http.get("/api/v1/workloads", params={**both, "state": ["pending", "sleeping"]}, headers=make.admin.auth)
+    assert (r.status_code, r.json()["detail"][0]["loc"], r.json()["detail"][0]["msg"]) == (
+        422, ["query", "state", 1], "Input should be 'pending', 'starting', 'running', 'preempted', 'suspended', "
+        "'succeeded', 'failed' or 'cancelled'",
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("query", "loc", "kind"),
     [
@@ -212,7 +231,7 @@ async def test_list_queries_out_of_bounds_are_422(
 
 async def test_listing_by_a_state_that_does_not_exist_is_422(http: httpx.AsyncClient, make: Factory) -> None:
     r = await http.get("/api/v1/workloads", params={"state": "sleeping"}, headers=make.admin.auth)
-    assert (r.status_code, [e["loc"] for e in r.json()["detail"]]) == (422, [["query", "state"]])
+    assert (r.status_code, [e["loc"] for e in r.json()["detail"]]) == (422, [["query", "state", 0]])
 
 
 # -- describe, cancel, resume ---------------------------------------------------------------------------------

@@ -55,7 +55,9 @@ def list_workloads(
     session: SessionDep,
     who: CurrentUser,
     project: ProjectQ = None,
-    state: WorkloadState | None = None,
+    state: Annotated[
+        list[WorkloadState] | None, Query(max_length=len(WorkloadState), description="In any of these (repeatable)")
+    ] = None,
     user: Annotated[str | None, Query(max_length=63, pattern=NO_NUL, description="Submitted by this user")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=32, description="Newest first, before this id")] = None,
