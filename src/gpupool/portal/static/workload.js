@@ -56,7 +56,7 @@ function draw(d) {
   reason.textContent = d.suspension ? d.suspension.notice : d.reason;
   reason.dataset.resumes = d.suspension ? d.suspension.resumes : "";
   const rows = [
-    ["Owner", d.owner], ["Type", d.type], ["GPUs", d.gpu_request + (d.workers > 1 ? ` × ${d.workers} workers` : "")],
+    ["Owner", d.owner], ["Type", d.type], ["GPUs", gpusOf(d)],
     ["CPU", d.cpu_milli ? `${d.cpu_milli / 1000} cores` : "–"], ["Memory", d.memory_mib ? mib(d.memory_mib) : "–"],
     ["Pools", d.pools.join(", ") || "any"], ["GPU models", d.gpu_models.join(", ") || "any"], ["Image", d.image || "–"],
     ["Command", (d.command || []).join(" ") || "–"], ...(d.model ? [["Model", d.model]] : []),
@@ -80,6 +80,18 @@ function draw(d) {
     : [el(`<tr><td colspan="4" class="reason">None now.</td></tr>`)]));
   document.querySelector("#wl-events tbody").replaceChildren(...d.events.slice().reverse().map((e) => el(`<tr><td>${esc(when(e.at))}</td><td>${esc(e.state)}</td><td><code>${esc(e.code)}</code></td><td>${esc(e.reason)}</td></tr>`)));
   actions(d);
+}
+
+// What it holds: one worker's request as the API writes it ("1 GPU", "0.5 GPU"); a gang's per worker, then in
+// all: "2 workers × 1 GPU (2 GPUs in all)". gpu_request already says "2 × 1 GPU" for a gang, so it is not reused.
+function gpusOf(d) {
+  if (d.workers <= 1) return d.gpu_request;
+  const n = d.workers;
+  const [each, all] = d.gpus ? [d.gpus, d.gpus * n] : d.gpu_milli ? [d.gpu_milli / 1000, (d.gpu_milli * n) / 1000] : [0, 0];
+  const gpu = (x) => `${x} GPU${x > 0 && x <= 1 ? "" : "s"}`;
+  if (each) return `${n} workers × ${gpu(each)} (${gpu(all)} in all)`;
+  if (d.gpu_memory_mib) return `${n} workers × ${mib(d.gpu_memory_mib)} of GPU memory (${mib(d.gpu_memory_mib * n)} in all)`;
+  return `${n} workers, no GPU`;
 }
 
 // A link out of the portal (its MLflow run), in a new tab that learns nothing of this one; only http(s) addresses
@@ -148,6 +160,8 @@ async function files(d, box, url) {
       box.replaceChildren(el(`<p class="reason" id="files-na">Files are not available${why && why !== "Not Found" ? `: ${esc(why)}` : " on this server"}.</p>`));
       return;
     }
+    // Nothing to show yet (it has not started) or ever (a backend that keeps no files): a note, not an error.
+    if (res.status === 409) { box.replaceChildren(el(`<p class="reason" id="files-na">${esc(await reasonOf(res))}.</p>`)); return; }
     if (!res.ok) { box.replaceChildren(el(`<p class="error">${esc(await reasonOf(res))}</p>`)); return; }
     const entries = await res.json();
     const table = el(`<table id="file-list"><thead><tr><th>Path</th><th>Size</th><th>Modified</th><th></th></tr></thead><tbody></tbody></table>`);
