@@ -59,6 +59,7 @@ def test_an_app_opened_from_the_portal_runs_on_its_own_origin_and_cannot_call_th
 
     # The admin, signed in to the portal, opens the tenant's app: it lands on the apps host, signed in there.
     page = admin_page(browser, s.url, s.admin_token)
+    page.click("nav a[data-page=all]")  # ana's, not the admin's own
     row = page.locator("tr[data-name=web]")
     expect(row.locator(".state")).to_have_text("running", timeout=30_000)
     with page.expect_popup() as popup:

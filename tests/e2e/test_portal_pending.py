@@ -65,7 +65,7 @@ def test_the_eta_column_shows_when_a_job_behind_a_declared_max_duration_starts_a
     eta = page.locator("tr[data-name=waiter] td.eta")
     # The hog's start plus its declared hour, seen from a minute or less after that start.
     expect(eta.locator("span")).to_have_text("in 59m", timeout=15_000)
-    expect(eta.locator(".reason")).to_have_text("declared")
+    expect(eta.locator(".reason")).to_have_text("from declared max durations")
     when = page.evaluate("(ms) => new Date(ms).toLocaleString()", (started + 3600) * 1000)
     expect(eta.locator("span")).to_have_attribute("title", when)
     expect(page.locator("tr[data-name=hog] td.eta")).to_have_text("–")

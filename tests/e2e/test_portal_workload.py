@@ -116,6 +116,7 @@ def test_a_batch_sweep_submits_one_trial_per_value(make_server: Callable[..., Se
     assert commands == ["echo training --lr '0.1'", "echo training --lr '0.01'", "echo training --lr 'it'\\''s'"]
     assert s.workload("lr-2")["env"] == {"SWEEP_INDEX": "2", "SWEEP_VALUE": "it's"}
     s.wait_state("lr-2", "succeeded", "pending", "running")
+    page.click("nav a[data-page=all]")  # the filter by user is All workloads' (My workloads are one's own)
     page.locator("#filters [name=state]").select_option("pending")
     page.locator("#filters [name=user]").fill("nobody")
     expect(page.locator("#list tbody tr")).to_have_count(0)

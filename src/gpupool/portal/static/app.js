@@ -77,23 +77,26 @@ async function ssoExchange() {
   }
 }
 
-// ---- my workloads -------------------------------------------------------------------------------------------
-async function workloadsPage(mine) {
+// ---- my workloads, all workloads ---------------------------------------------------------------------------
+// "My workloads" are the signed-in user's own (an admin's too), where new work starts; "All workloads" are all
+// those the caller may see (an admin: everyone's), with a filter by user.
+async function workloadsPage(mine, scope = "mine") {
   const projects = await api("/api/v1/projects");
+  const own = scope === "mine";
   show(mine, el(`<div>
-    <section><h2>Start a workload</h2>
+    ${own ? `<section><h2>Start a workload</h2>
       <div class="templates">${TYPES.map((t) => `<button class="secondary" data-template="${t}">${{ notebook: "Jupyter notebook", training: "Training", inference: "Inference service", batch: "Batch sweep" }[t]}</button>`).join("")}</div>
-      <div id="form"></div></section>
-    <section><h2>My workloads</h2>
+      <div id="form"></div></section>` : ""}
+    <section><h2>${own ? "My workloads" : "All workloads"}</h2>
       <form id="filters" class="filters"><select name="project"><option value="">all projects</option>${projects.map((p) => `<option>${esc(p.name)}</option>`).join("")}</select>
         <select name="state"><option value="">any state</option>${STATES.map((x) => `<option>${x}</option>`).join("")}</select>
-        <input name="user" placeholder="user" size="12" autocomplete="off"></form>
-      <table id="list"><thead><tr><th>Name</th><th>Project</th><th>Owner</th><th>Type</th><th>State</th><th>GPUs</th><th>GPU use</th><th>ETA</th><th>Age</th><th></th></tr></thead><tbody></tbody></table>
+        ${own ? "" : `<input name="user" placeholder="user" size="12" autocomplete="off">`}</form>
+      <table id="list" data-scope="${scope}"><thead><tr><th>Name</th><th>Project</th><th>Owner</th><th>Type</th><th>State</th><th>GPUs</th><th>GPU use</th><th>ETA</th><th>Age</th><th></th></tr></thead><tbody></tbody></table>
       <div id="detail"></div></section></div>`));
   main.querySelectorAll("[data-template]").forEach((b) => { b.onclick = () => showForm(b.dataset.template, projects); });
   const filters = document.getElementById("filters");
   filters.onchange = refreshList;
-  filters.user.oninput = refreshList;
+  if (filters.user) filters.user.oninput = refreshList;
   filters.onsubmit = (ev) => { ev.preventDefault(); refreshList(); };
   await refreshList();
   if (mine === state.view) state.timer = setInterval(refreshList, 2000);
@@ -184,6 +187,7 @@ async function refreshList() {
   const f = new FormData(document.getElementById("filters"));
   const params = new URLSearchParams({ limit: "200" });
   for (const k of ["project", "state", "user"]) if (f.get(k)) params.set(k, String(f.get(k)).trim());
+  if (tbody.closest("table").dataset.scope === "mine") params.set("user", state.me.name);  // the submitter's own
   const page = await api(`/api/v1/workloads?${params}`);
   if (document.querySelector("#list tbody") !== tbody) return;
   tbody.replaceChildren(...page.items.map((w) => {
@@ -206,15 +210,22 @@ async function refreshList() {
   }));
 }
 
-// A queued workload's estimated start, relative, with what it rests on (declared durations, history, none).
+// What an estimate rests on, in words: the API's eta_basis is a code ("history"), which printed as it is beside
+// "now" read as "now history".
+const BASIS = { declared: "from declared max durations", history: "from the project's past runtimes", none: "nothing running is expected to end" };
+
+// A queued workload's estimated start, relative, with what it rests on; "–" for any other. An estimate due
+// within the minute (or just past: the scheduler rewrites it within a minute or two) is "within a minute".
 function eta(w) {
   if (!QUEUED.includes(w.state) || !w.eta_basis) return "–";
-  if (w.eta === null) return `unknown<div class="reason">${esc(w.eta_basis)}</div>`;
+  const basis = `<div class="reason">${esc(BASIS[w.eta_basis] || "")}</div>`;
+  if (w.eta === null) return `<span>unknown</span> ${basis}`;
   const at = new Date(w.eta);
   const s = Math.round((at.getTime() - Date.now()) / 1000);
-  const rel = s < 60 ? "now" : s >= 86400 ? `in ${Math.floor(s / 86400)}d${Math.floor((s % 86400) / 3600)}h`
+  const rel = s < 60 ? "within a minute" : s >= 86400 ? `in ${Math.floor(s / 86400)}d${Math.floor((s % 86400) / 3600)}h`
     : s >= 3600 ? `in ${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m` : `in ${Math.floor(s / 60)}m`;
-  return `<span title="${esc(at.toLocaleString())}">${rel}</span><div class="reason">${esc(w.eta_basis)}</div>`;
+  // The space keeps the two apart in the cell's text too (what a screen reader or a copy reads).
+  return `<span title="${esc(at.toLocaleString())}">${rel}</span> ${basis}`;
 }
 
 // Why a queued workload waits: the server's sentence (rendered from the scheduler's code and numbers), the numbers
@@ -277,7 +288,7 @@ async function clusterPage(mine) {
   const clusters = [...new Set(nodes.map((n) => n.cluster))].sort();
   const grids = new Map(clusters.map((c) => {
     const gpus = nodes.filter((n) => n.cluster === c).reduce((sum, n) => sum + n.devices.length, 0);
-    const group = el(`<div class="cluster" data-cluster="${esc(c)}">${clusters.length > 1 ? `<h3>Cluster ${esc(c)} <span class="reason">${gpus} GPUs</span></h3>` : ""}<div class="grid"></div></div>`);
+    const group = el(`<div class="cluster" data-cluster="${esc(c)}">${clusters.length > 1 ? `<h3>Cluster ${esc(c)} <span class="reason">${gpus} GPU${gpus === 1 ? "" : "s"}</span></h3>` : ""}<div class="grid"></div></div>`);
     map.querySelector("#gpu-map").append(group);
     return [c, group.querySelector(".grid")];
   }));
@@ -416,7 +427,7 @@ function budgetsSection(budgets) {
 }
 
 // ---- routing ---------------------------------------------------------------------------------------------
-const PAGES = { workloads: workloadsPage, sweeps: sweepsPage, cluster: clusterPage, quotas: quotasPage, waste: wastePage, costs: costsPage };
+const PAGES = { workloads: workloadsPage, all: (m) => workloadsPage(m, "all"), sweeps: sweepsPage, cluster: clusterPage, quotas: quotasPage, waste: wastePage, costs: costsPage };
 // One workload's or one sweep's own page: #/<page>/<project>/<name>.
 const DETAIL = { workloads: workloadPage, sweeps: sweepPage };
 
@@ -439,7 +450,8 @@ async function route() {
 async function start() {
   const me = await api("/api/v1/whoami");
   state.me = me;
-  document.getElementById("who").textContent = `${me.name} (${me.role})`;
+  const who = document.getElementById("who");
+  who.textContent = who.title = `${me.name} (${me.role})`;  // the title whole where a narrow window cuts the name
   document.getElementById("nav").hidden = false;
   document.getElementById("signout").hidden = false;
   if (!location.hash || location.hash.startsWith("#/login") || location.hash.startsWith("#/sso")) location.hash = "#/workloads"; else await route();
