@@ -72,7 +72,7 @@ def test_a_service_token_belongs_to_its_project_not_to_its_maker(org: Any) -> No
     assert ci("POST", "/api/v1/workloads", {"project": "p1", "command": ["true"]})[0] == 201
     assert ci("GET", "/api/v1/projects")[1][0]["name"] == "p1"
     assert ci("POST", "/api/v1/tokens", {"name": "more"})[0] == 403  # it cannot make tokens of its own
-    assert c["admin"]("DELETE", "/api/v1/queues/p1/members/ana")[0] == 204
+    assert c["admin"]("DELETE", "/api/v1/queues/p1/members/ana")[0] == 200
     assert ci("POST", "/api/v1/workloads", {"project": "p1", "command": ["true"]})[0] == 201
     assert c["ana"]("GET", "/api/v1/workloads")[1]["items"] == []  # and its maker, removed, sees nothing
 

@@ -15,7 +15,7 @@ from gpupool.client import Client
 from gpupool.client.client import ApiError
 from gpupool.client.code import CodeError, upload_tree
 from gpupool.durations import duration_flag
-from gpupool.lifecycle.phases import RetryOn
+from gpupool.lifecycle.phases import TERMINAL, RetryOn
 from gpupool.models import sizes
 from gpupool.models.schemas import WorkloadCreate, WorkloadPublic
 from gpupool.models.sizes import size_flag
@@ -80,7 +80,10 @@ def _submitted(w: WorkloadPublic, output: Output) -> None:
     if output is Output.json:
         emit_json(w)
     else:
-        print(f"workload {w.name} submitted to {w.project} ({w.type}, {w.gpu_request}, {w.priority}): {w.state}")
+        # A finished name submitted again: say so, or the new run looks like the old one's name taken by mistake.
+        again = f"; run {w.run} of {w.name}, the earlier runs its history (gpupool describe {w.name})"
+        print(f"workload {w.name} submitted to {w.project} ({w.type}, {w.gpu_request}, {w.priority}): {w.state}"
+              + (again if w.run > 1 else ""))  # fmt: skip
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -308,9 +311,13 @@ def apply(
             fail(f"{e.reason}\n(`gpupool apply -f {file} --force` replaces it)")
     if output is Output.json:
         emit_json(done)
+    elif done.unchanged and done.state in TERMINAL:
+        print(f"workload {done.name} unchanged (id {done.id}, {done.state}: this spec has run; "
+              f"`gpupool rerun {done.name}` runs it again)")  # fmt: skip
     elif done.unchanged:
         print(f"workload {done.name} unchanged (id {done.id}, {done.state})")
     elif done.replaced is not None:
         print(f"workload {done.name} replaced: id {done.replaced} stopped, id {done.id} {done.state}")
     else:
-        print(f"workload {done.name} created (id {done.id}): {done.state}")
+        again = f"; run {done.run} of its name, the earlier runs its history" if done.run > 1 else ""
+        print(f"workload {done.name} created (id {done.id}): {done.state}{again}")

@@ -64,10 +64,14 @@ def list_(
     mine: Annotated[bool, typer.Option("--mine", help="Only the workloads you submitted.")] = False,
     user: Annotated[str | None, typer.Option("--user", help="Only the workloads this user submitted.")] = None,
     watch: Annotated[bool, typer.Option("-w", "--watch", help="Refresh every 2 seconds until Ctrl-C.")] = False,
+    all_runs: Annotated[
+        bool, typer.Option("--all-runs", help="Every run of each name (NAME #N), not its newest only.")
+    ] = False,
     output: Output = OutputOpt,
 ) -> None:
-    """List workloads you can see, newest first. Names are never cut: columns that do not fit the terminal are
-    left out instead (PRIORITY, TYPE, ETA, OWNER, NODE/DEVICES, PROJECT, GPUS, AGE, in that order)."""
+    """List workloads you can see, newest first: a name once, as its newest run, with RUNS where it has had
+    several. Names are never cut: columns that do not fit the terminal are left out instead (PRIORITY, TYPE, ETA,
+    OWNER, NODE/DEVICES, PROJECT, GPUS, RUNS, AGE, in that order)."""
     try:
         states = states_named(state or [])
     except ValueError as e:
@@ -77,19 +81,19 @@ def list_(
     with client() as c:
         owner = c.whoami().name if mine else user
         if watch:
-            _watch(lambda: c.list_workloads(project, states, user=owner), output)
+            _watch(lambda: c.list_workloads(project, states, user=owner, all_runs=all_runs), output, all_runs)
             return
-        rows = c.list_workloads(project, states, user=owner)
+        rows = c.list_workloads(project, states, user=owner, all_runs=all_runs)
     if output is Output.json:
         emit_json(rows)
         return
-    print_list(rows)
+    print_list(rows, all_runs=all_runs)
 
 
 WATCH_EVERY_S = 2.0
 
 
-def _watch(fetch: Callable[[], list[WorkloadPublic]], output: Output) -> None:
+def _watch(fetch: Callable[[], list[WorkloadPublic]], output: Output, all_runs: bool = False) -> None:
     """Print the list again every WATCH_EVERY_S (over the last one on a terminal) until Ctrl-C, which ends it
     quietly: watching has no other way to end."""
     console = Console(width=terminal_width())
@@ -102,7 +106,7 @@ def _watch(fetch: Callable[[], list[WorkloadPublic]], output: Output) -> None:
                 emit_json(rows)
             else:
                 print(f"every {WATCH_EVERY_S:g}s, Ctrl-C to stop; {time.strftime('%H:%M:%S')}")
-                print_list(rows, console)
+                print_list(rows, console, all_runs)
             sys.stdout.flush()
             time.sleep(WATCH_EVERY_S)  # the refresh interval, not a wait for anything
     except KeyboardInterrupt:
@@ -116,22 +120,36 @@ LIST_COLUMNS = (
 )  # fmt: skip
 
 
-def print_list(rows: Sequence[WorkloadPublic], console: Console | None = None) -> None:
+RUNS = Column("RUNS", drop=2)
+"""Shown where a listed name has had several runs: right after NAME, and dropped just before AGE."""
+
+
+def _name(w: WorkloadPublic, every: bool) -> str:
+    """Its name; listing every run, a run of a name that has had several is NAME #N, so two are told apart."""
+    return f"{w.name} #{w.run}" if every and w.runs > 1 else w.name
+
+
+def print_list(rows: Sequence[WorkloadPublic], console: Console | None = None, all_runs: bool = False) -> None:
     """The table `list` prints: a queued workload's REASON is its blocker in a few words, a live one's its node.
-    It fits the terminal's width by leaving columns out (LIST_COLUMNS' drop order), never by cutting a name."""
+    It fits the terminal's width by leaving columns out (LIST_COLUMNS' drop order), never by cutting a name.
+    A name with several runs shows how many in RUNS, or, listing every run, each as NAME #N."""
+    several = any(w.runs > 1 for w in rows) and not all_runs
     cells = [
-        (w.name, w.project, w.owner or "-", w.type, w.priority, w.state, w.gpu_request,
-         f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-",
+        (_name(w, all_runs), *((str(w.runs),) if several else ()), w.project, w.owner or "-", w.type, w.priority,
+         w.state, w.gpu_request, f"{w.node}:{','.join(map(str, w.devices))}" if w.node else "-",
          w.reason_short if w.state in QUEUED else "-", eta_text(w), _age(w.created_at))
         for w in rows
     ]  # fmt: skip
-    print_fitted(LIST_COLUMNS, cells, console)
+    columns = (LIST_COLUMNS[0], RUNS, *LIST_COLUMNS[1:]) if several else LIST_COLUMNS
+    print_fitted(columns, cells, console)
 
 
 def describe_text(d: WorkloadDetail) -> None:
     """What `describe` prints."""
     fmt = "%Y-%m-%d %H:%M:%S"
     print(f"Name:        {d.name}  (id {d.id})")
+    if d.runs > 1:
+        print(f"Run:         {d.run} of {d.runs} of its name")
     print(f"Project:     {d.project}" + (f", submitted by {d.owner}" if d.owner else ""))
     if d.origin is not None:
         print(f"Origin:      {d.origin.kind} {d.origin.namespace}/{d.origin.name}")
@@ -201,6 +219,12 @@ def describe_text(d: WorkloadDetail) -> None:
             ran = "not started" if t.started is None else f"ran {format_duration((t.ended or time.time()) - t.started)}"
             how = f"{t.outcome}" + (f" (exit {t.exit_code})" if t.exit_code is not None else "")
             print(f"  {t.number:<3} {how}, {ran}" + ("; retried" if t.retried else ""))
+    if d.history:
+        print("Earlier runs:")
+        for number, h in enumerate(d.history, start=1):
+            exit_code = f", exit {h.exit_code}" if h.exit_code is not None else ""
+            ended = time.strftime(fmt, time.localtime(h.finished_at)) if h.finished_at else "-"
+            print(f"  #{number:<2} id {h.id}  {h.state}{exit_code}, {ended}")
     if d.isolation:
         print("Isolation:")
         for what, how in d.isolation.items():

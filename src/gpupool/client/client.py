@@ -247,11 +247,12 @@ class Client:
         state: str | Sequence[str] | None = None,
         limit: int = 1000,
         user: str | None = None,
+        all_runs: bool = False,
     ) -> list[WorkloadPublic]:
         """Every page, newest first; `state`: in this state or any of these; `user`: only those this user
-        submitted."""
+        submitted; a name once, as its newest run, unless `all_runs`."""
         out: list[WorkloadPublic] = []
-        asked = {"project": project, "state": state, "limit": limit, "user": user}
+        asked = {"project": project, "state": state, "limit": limit, "user": user, "all_runs": all_runs or None}
         params: dict[str, Any] = {k: v for k, v in asked.items() if v}
         while True:
             page = Page[WorkloadPublic].model_validate(self._call("GET", "/api/v1/workloads", params=params).json())

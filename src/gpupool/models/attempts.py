@@ -76,6 +76,9 @@ class ApplyResult(_Reply):
     unchanged: bool = False
     replaced: int | None = None
     """The id of the workload it replaced."""
+    run: int = 1
+    """Its number among its name's runs: past 1, the name had finished and this spec ran it again (or, unchanged,
+    the finished run that has this spec)."""
 
 
 class SpecConflict(_Reply):

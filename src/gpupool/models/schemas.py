@@ -311,6 +311,11 @@ class WorkloadPublic(Reply):
     created_at: float
     started_at: float | None
     finished_at: float | None
+    run: int = 1
+    """Its number among the runs of its name in its project (1 the first): a finished name submitted again, applied
+    with another spec, or rerun is a new run, the earlier ones its history."""
+    runs: int = 1
+    """How many runs its name has had (lists show a name once, as its newest run, unless asked for every run)."""
 
 
 class QueuePosition(Reply):

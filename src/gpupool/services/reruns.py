@@ -1,5 +1,6 @@
 """A name's life beyond one workload: run a finished one again (rerun), delete one with its files, and apply a
-spec declaratively (unchanged: nothing; changed: refused unless forced, which replaces the live one)."""
+spec declaratively (unchanged: nothing, even once it has finished; changed: refused while it lives unless forced,
+which replaces the live one; once it has finished, a new run of the name)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.phases import TERMINAL
 from gpupool.models.attempts import ApplyResult
 from gpupool.models.schemas import WorkloadCreate, WorkloadPublic
-from gpupool.services import audit
+from gpupool.services import audit, runs
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_named
@@ -86,9 +87,10 @@ def delete(session: Session, who: Principal, ref: str, project: str | None) -> l
 def apply(
     session: Session, who: Principal, name: str, project: str | None, body: WorkloadCreate, force: bool, submit: Submit
 ) -> ApplyResult:
-    """The spec `body` under `name`: submitted if no workload of that name lives; nothing if the live one has
-    this spec; refused with what differs otherwise, unless `force`: then the live one is cancelled (stopping
-    within its grace period), its name freed, and this spec submitted, in one commit."""
+    """The spec `body` under `name`: nothing if the live one, or else the newest run of the name, has this spec
+    (finished or not); submitted if no workload of that name lives (a new run, where one finished with another
+    spec); refused with what differs from the live one otherwise, unless `force`: then the live one is cancelled
+    (stopping within its grace period), its name freed, and this spec submitted, in one commit."""
     if body.name is not None and body.name != name:
         raise Invalid(f"the spec is named {body.name!r}, not {name!r}")
     if project is not None and project != body.project:
@@ -106,10 +108,23 @@ def apply(
             select(WorkloadRow).where(WorkloadRow.project_id == queue.id, WorkloadRow.live_name == name)
         )
         if live is None:
+            last = session.scalar(
+                select(WorkloadRow)
+                .where(WorkloadRow.project_id == queue.id, WorkloadRow.name == name, WorkloadRow.deleted_at.is_(None))
+                .order_by(WorkloadRow.id.desc())
+                .limit(1)
+            )
+            if last is not None and last.spec_hash == spec_hash(new):
+                # Declarative: this spec has run under this name, and its outcome stands (a Kubernetes Job applied
+                # again stays complete). `rerun` runs it again; another spec is a new run.
+                run = runs.numbers(session, [last])[last.id][0]
+                return ApplyResult(id=last.id, name=name, project=body.project, state=last.state, unchanged=True,
+                                   run=run)  # fmt: skip
             out, _ = submit(body)
-            return ApplyResult(id=out.id, name=name, project=body.project, state=out.state, created=True)
+            return ApplyResult(id=out.id, name=name, project=body.project, state=out.state, created=True, run=out.run)
         if live.spec_hash == spec_hash(new):
-            return ApplyResult(id=live.id, name=name, project=body.project, state=live.state, unchanged=True)
+            run = runs.numbers(session, [live])[live.id][0]
+            return ApplyResult(id=live.id, name=name, project=body.project, state=live.state, unchanged=True, run=run)
         if not force:
             differs = _differs(live.spec or {}, new)
             listed = "; ".join(f"{k}: {v['old']!r} → {v['new']!r}" for k, v in differs.items())
@@ -127,7 +142,9 @@ def apply(
         except BaseException:
             session.rollback()
             raise
-        return ApplyResult(id=out.id, name=name, project=body.project, state=out.state, created=True, replaced=replaced)
+        return ApplyResult(
+            id=out.id, name=name, project=body.project, state=out.state, created=True, replaced=replaced, run=out.run
+        )
     raise Conflict(f"{name!r} kept changing while this request was made; try again")
 
 

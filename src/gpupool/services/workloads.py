@@ -22,7 +22,7 @@ from gpupool.models.attempts import AttemptPublic, HistoryItem
 from gpupool.models.clusters import CLUSTER_LOST_AFTER_S
 from gpupool.models.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.models.wire import DNS_LABEL, INT32_MAX
-from gpupool.services import audit, code, reasons, rightsizing, volumes
+from gpupool.services import audit, code, reasons, rightsizing, runs, volumes
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_named
@@ -157,7 +157,7 @@ def submit(
         raise Conflict(f"project {body.project!r} already has a workload named {name!r}") from None
     session.add(lifecycle.submitted(row, who.name, now))
     session.commit()
-    return workload_public(row, body.project, who.name), True
+    return _publics(session, [row])[0], True
 
 
 def spec_of(body: WorkloadCreate) -> dict[str, Any]:
@@ -172,7 +172,7 @@ def spec_hash(spec: dict[str, Any]) -> str:
 
 def _replay(session: Session, prior: WorkloadRow) -> WorkloadPublic:
     # Named by the project it is in: a replay may name another project (or a typo of it).
-    return workload_public(prior, _project_names(session).get(prior.project_id, "?"), _owners(session, [prior])[0])
+    return _publics(session, [prior])[0]
 
 
 def find(session: Session, who: Principal, ref: str, project: str | None = None) -> WorkloadRow:
@@ -229,10 +229,13 @@ def list_workloads(
     limit: int = 100,
     cursor: str | None = None,
     after: int | None = None,
+    all_runs: bool = False,
 ) -> Page[WorkloadPublic]:
     """Newest first, from `cursor` on (the page before gave it); or, with `after`, oldest first from the id after
     it. Either way a page is one index range read (ids, within a project or a state where one is asked), however
-    many workloads come before it; next_cursor is what to pass for the next page (as `cursor`, or as `after`)."""
+    many workloads come before it; next_cursor is what to pass for the next page (as `cursor`, or as `after`).
+    A name is listed once, as its newest run (its state is that run's), unless `all_runs`; each item says its run
+    number and how many runs its name has had."""
     if cursor is not None and after is not None:
         raise Invalid("cursor pages newest first and after oldest first: give one of them")
     names = _project_names(session)
@@ -265,12 +268,27 @@ def list_workloads(
         query = query.where(WorkloadRow.id < before)
     if after is not None:
         query = query.where(WorkloadRow.id > after)
+    if not all_runs:
+        query = runs.newest_only(query)
     rows = list(session.scalars(query))
     more = len(rows) > limit
     rows = rows[:limit]
-    owners = _owners(session, rows)
-    items = [workload_public(r, names.get(r.project_id, "?"), o) for r, o in zip(rows, owners, strict=True)]
+    items = _publics(session, rows, names)
     return Page[WorkloadPublic](items=items, next_cursor=str(rows[-1].id) if more and rows else None)
+
+
+def _publics(
+    session: Session, rows: Sequence[WorkloadRow], names: dict[int, str] | None = None
+) -> list[WorkloadPublic]:
+    """The wire form of `rows`, each with its owner's name and its run among its name's runs (two queries)."""
+    names = _project_names(session) if names is None else names
+    numbers = runs.numbers(session, rows)
+    return [
+        workload_public(r, names.get(r.project_id, "?"), o).model_copy(
+            update={"run": numbers[r.id][0], "runs": numbers[r.id][1]}
+        )
+        for r, o in zip(rows, _owners(session, rows), strict=True)
+    ]
 
 
 def describe(
@@ -287,7 +305,10 @@ def describe(
         position=reasons.position(session, row), rightsizing=rightsizing.advice_for(session, row),
         owner=_owners(session, [row])[0],
     )  # fmt: skip
-    detail = detail.model_copy(update={"attempts": attempts_of(row), "history": history_of(session, row)})
+    run, count = runs.numbers(session, [row])[row.id]
+    detail = detail.model_copy(
+        update={"attempts": attempts_of(row), "history": history_of(session, row), "run": run, "runs": count}
+    )
     if row.code is None:
         return detail
     tree = code.manifest_row(session, row.project_id, row.code)
@@ -367,7 +388,7 @@ def _write(
                 session.rollback()
                 continue
         session.commit()
-        return workload_public(row, _project_names(session).get(row.project_id, "?"), _owners(session, [row])[0])
+        return _publics(session, [row])[0]
     raise Conflict(f"{ref!r} kept changing while this request was made; try again")
 
 

@@ -62,10 +62,13 @@ def list_workloads(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=32, description="Newest first, before this id")] = None,
     after: Annotated[int | None, Query(ge=0, le=INT32_MAX, description="Oldest first, after this id")] = None,
+    all_runs: Annotated[bool, Query(description="Every run of each name, not its newest only")] = False,
 ) -> Page[WorkloadPublic]:
+    """A name once, as its newest run (with `run` and `runs`), unless all_runs."""
     return workloads.list_workloads(
-        session, who, project=project, state=state, user=user, limit=limit, cursor=cursor, after=after
-    )
+        session, who, project=project, state=state, user=user, limit=limit, cursor=cursor, after=after,
+        all_runs=all_runs,
+    )  # fmt: skip
 
 
 @router.get("/workloads/{ref}", response_model=WorkloadDetail, dependencies=[Depends(no_store)])
