@@ -72,8 +72,8 @@ def s(shared: Server) -> Iterator[Server]:
          "not a duration: give each unit once, largest first (like 1h30m) (see gpupool submit --help)"),
         (("project", "policy", "vision", "--idle-timeout", "notebook=soon"), "error: --idle-timeout 'notebook=soon': "
          "'soon' is not a duration (like 30m, 1h30m, 3d, 90s or seconds)"),
-        (("list", "--state", "done"), "error: --state 'done': expected one of pending, starting, running, preempted, "
-         "suspended, succeeded, failed, cancelled"),
+        (("list", "--state", "done"), "error: --state 'done' is not a state; the states: pending, starting, running, "
+         "preempted, suspended, succeeded, failed, cancelled"),
         (("submit", "--retry", "sometimes", "--", "true"), "error: --retry 'sometimes': expected one of on-failure, "
          "on-preemption, always"),
         (("list", "--xyzzy"), "error: No such option: --xyzzy (see gpupool list --help)"),
