@@ -1,8 +1,8 @@
 """`pip install gpupool`, no extras, for real: the wheel built from this tree, installed with its dependencies from
 PyPI into a fresh venv. The CLI and the SDK work; the server's and the simulator's commands name their extra.
 
-pip keeps its usual cache (PIP_CACHE_DIR, else ~/.cache/pip), which scripts/bootstrap fills too, so after the first
-run the build and the install come from it."""
+pip keeps its usual cache (PIP_CACHE_DIR, else ~/.cache/pip), so after the first run the build and the install come
+from it."""
 
 from __future__ import annotations
 
