@@ -3,6 +3,7 @@ the edge (API views, CLI, portal), and never parsed back."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
@@ -51,7 +52,21 @@ def duration(seconds: float) -> str:
 
 
 def _exit(code: Any) -> str:
-    return "an unknown status (killed or lost)" if code is None else f"code {code}"
+    """ "code 1"; a shell's 128+N, for a process that signal N ended, names the signal ("code 137 (SIGKILL)"), and
+    an abort says what aborts most often at exit on a GPU cluster."""
+    if code is None:
+        return "an unknown status (killed or lost)"
+    if isinstance(code, int) and 128 < code < 128 + 65:
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            return f"code {code}"
+        return f"code {code} ({name}{_ABORTED if name == 'SIGABRT' else ''})"
+    return f"code {code}"
+
+
+_ABORTED = (": it aborted; a PyTorch script that leaves its process group open can, at exit: call "
+            "dist.destroy_process_group() before it returns")  # fmt: skip
 
 
 _OFFBOARDED = {
