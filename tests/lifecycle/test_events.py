@@ -23,7 +23,8 @@ def test_a_member_ended_by_a_signal_names_it_and_an_abort_says_what_to_do() -> N
 
 def test_an_offboardings_cancel_says_whose_work_and_why() -> None:
     args = {"by": "admin", "offboarded": "removed", "owner": "ana", "project": "vision"}
-    assert render(EventCode.CANCELLED, None, args) == "cancelled by admin: its owner ana was removed from project vision"
+    removed = "cancelled by admin: its owner ana was removed from project vision"
+    assert render(EventCode.CANCELLED, None, args) == removed
     assert render(EventCode.CANCELLED, None, {**args, "offboarded": "disabled"}) == (
         "cancelled by admin: its owner ana was disabled"
     )
