@@ -227,10 +227,16 @@ KeepWork = Annotated[
 
 
 def said(what: str, out: Offboarded) -> str:
-    """What an offboarding did, in one line: the user, and the work it cancelled."""
+    """What an offboarding did: the user and the work it cancelled, then any service token they made, which is
+    their project's and still works."""
     if not out.stopped:
-        return f"{what}; none of their workloads was stopped"
-    return f"{what}; cancelled {len(out.stopped)} of their workload(s): {', '.join(out.stopped)}"
+        line = f"{what}; none of their workloads was stopped"
+    else:
+        line = f"{what}; cancelled {len(out.stopped)} of their workload(s): {', '.join(out.stopped)}"
+    for t in out.service_tokens:
+        line += (f"\nnote: service token {t.id} ({t.name}, project {t.project}), which they made, still works: it is "
+                 f"the project's; if they may know it, gpupool token revoke {t.id}")  # fmt: skip
+    return line
 
 
 @user_app.command("disable")

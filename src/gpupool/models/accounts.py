@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from gpupool.models.access import TokenPublic
 from gpupool.models.wire import (
     NO_NUL,
     CallerRole,
@@ -46,6 +47,8 @@ class Offboarded(Reply):
     state: UserState
     stopped: list[str] = Field(default_factory=list)
     """Their workloads cancelled by it, as project/name."""
+    service_tokens: list[TokenPublic] = Field(default_factory=list)
+    """Live service tokens they made: their projects', left working (revoke any they may still know)."""
 
 
 class UserCreated(UserPublic):

@@ -171,6 +171,7 @@ class PrincipalCache:
         it outlives its first use (the store keeps only its hash)."""
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, Principal]] = {}
+        self._generation = 0
 
     def peek(self, token: str) -> Principal | None:
         """The cached principal, without touching the database."""
@@ -184,6 +185,8 @@ class PrincipalCache:
             return hit
         key = hash_token(token)
         now = self._clock()
+        with self._lock:
+            generation = self._generation
         who = authenticate(session, token)
         if who is not None and self.first_admin_file is not None and who.is_admin:
             with contextlib.suppress(OSError):
@@ -193,9 +196,13 @@ class PrincipalCache:
             with self._lock:
                 if len(self._entries) > 10_000:
                     self._entries.clear()
-                self._entries[key] = (now + self.ttl_s, who)
+                # Read before a clear() that came meanwhile (a user disabled, a member removed): what it read
+                # may be what the clear was for, so it is not remembered.
+                if generation == self._generation:
+                    self._entries[key] = (now + self.ttl_s, who)
         return who
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._generation += 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from gpupool.lifecycle.phases import Offboarding
@@ -14,13 +14,6 @@ from gpupool.services.auth import Principal
 from gpupool.services.errors import Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_public, state_of, visible_queue
 from gpupool.store.tables import MembershipRow, QueueRow, UserRow
-
-
-def _user(session: Session, name: str) -> UserRow:
-    user = session.scalar(select(UserRow).where(UserRow.name == name))
-    if user is None:
-        raise NotFound(f"no user named {name!r}")
-    return user
 
 
 def _may_manage(who: Principal, queue: QueueRow, role: str) -> None:
@@ -38,7 +31,7 @@ def set_member(session: Session, who: Principal, queue_name: str, user_name: str
     if (queue.kind == "department") != (role == "admin"):
         raise Invalid("a department has admins; a project has members and viewers")
     _may_manage(who, queue, role)
-    user = _user(session, user_name)
+    user = users.person(session, user_name)
     if user.kind == "service":
         raise Invalid(f"{user_name!r} is a service account; its tokens say what it may do")
     row = session.get(MembershipRow, (user.id, queue.id))
@@ -56,17 +49,24 @@ def remove_member(
     """Out of a project (or a department's admins): their live work in the project is cancelled, saying why,
     unless `keep_work` (it then runs on, still theirs, until it ends)."""
     queue = visible_queue(session, who, queue_name)
-    user = _user(session, user_name)
+    # Who may manage it is asked first: which names exist is not for those who may not (a viewer, a member).
+    if not (who.is_admin or (queue.kind == "project" and who.manages_project(queue.id))):
+        raise Forbidden(f"your role ({who.role}) cannot take anyone out of {queue.name!r}")
+    user = users.person(session, user_name)
     row = session.get(MembershipRow, (user.id, queue.id))
     if row is None:
         raise NotFound(f"{user_name!r} is not in {queue_name!r}")
     _may_manage(who, queue, row.role)
-    session.delete(row)
-    session.commit()
-    stopped = []
-    if queue.kind == "project" and not keep_work:
-        stopped = users.stop_work(session, who, user, Offboarding.REMOVED, [queue.id])
-    return Offboarded(user=user.name, state=state_of(user), stopped=stopped)
+
+    def change(u: UserRow) -> None:
+        session.execute(delete(MembershipRow).where(MembershipRow.user_id == u.id,
+                                                    MembershipRow.project_id == queue.id))  # fmt: skip
+
+    why = Offboarding.REMOVED if queue.kind == "project" and not keep_work else None
+    stopped = users.offboard(session, who, user.id, change, why, [queue.id])
+    return Offboarded(user=user.name, state=state_of(user), stopped=stopped,
+                      service_tokens=[t for t in users.service_tokens_made_by(session, user)
+                                      if t.project == queue.name])  # fmt: skip
 
 
 def list_members(session: Session, who: Principal, queue_name: str) -> list[MemberPublic]:

@@ -138,7 +138,8 @@ def login(
 ) -> tuple[str, float, Principal]:
     """A new session for a name and password. Refusals say the same whether the name exists or not."""
     limiter.check(name, address)
-    user = session.scalar(select(UserRow).where(UserRow.name == name, UserRow.kind == "person"))
+    user = session.scalar(select(UserRow).where(UserRow.name == name, UserRow.kind == "person",
+                                                UserRow.deleted_at.is_(None)))  # fmt: skip
     ok = check_password(password, user.password_hash if user else None)
     if user is None or not ok:
         limiter.failed(name, address)
@@ -164,7 +165,8 @@ def logout(session: Session, who: Principal) -> None:
 def set_password(session: Session, who: Principal, name: str, password: str, current: str | None) -> None:
     """Your own password needs your current one (where you have one), and ends your other sessions. An admin
     may set anyone's."""
-    user = session.scalar(select(UserRow).where(UserRow.name == name, UserRow.kind == "person"))
+    user = session.scalar(select(UserRow).where(UserRow.name == name, UserRow.kind == "person",
+                                                UserRow.deleted_at.is_(None)))  # fmt: skip
     own = who.name == name
     if not own:
         who.require_admin()

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.models.access import TokenCreate, TokenCreated, TokenPublic
-from gpupool.services.auth import RANK, Principal, hash_token, new_token
+from gpupool.services.auth import RANK, Principal, hash_token, new_token, principal_for
 from gpupool.services.errors import Forbidden, Invalid, NotFound
 from gpupool.store.tables import MembershipRow, QueueRow, TokenRow, UserRow, WorkloadRow
 
@@ -25,7 +25,7 @@ def _project(session: Session, who: Principal, name: str) -> QueueRow:
     return row
 
 
-def _public(session: Session, row: TokenRow) -> TokenPublic:
+def public(session: Session, row: TokenRow) -> TokenPublic:
     user = session.get(UserRow, row.user_id)
     project = session.get(QueueRow, row.project_id) if row.project_id is not None else None
     return TokenPublic(
@@ -80,7 +80,7 @@ def create(session: Session, who: Principal, body: TokenCreate) -> TokenCreated:
     )  # fmt: skip
     session.add(row)
     session.commit()
-    return TokenCreated(**_public(session, row).model_dump(), token=token)
+    return TokenCreated(**public(session, row).model_dump(), token=token)
 
 
 def _service_account(session: Session, project: QueueRow, name: str, role: str, now: float) -> UserRow:
@@ -116,7 +116,7 @@ def list_tokens(session: Session, who: Principal, include_revoked: bool = False)
         )
     if not include_revoked:
         query = query.where(TokenRow.revoked_at.is_(None), TokenRow.expires_at.is_(None) | (TokenRow.expires_at > now))
-    return [_public(session, row) for row in session.scalars(query) if _visible(who, row)]
+    return [public(session, row) for row in session.scalars(query) if _visible(who, row)]
 
 
 def revoke(session: Session, who: Principal, token_id: int) -> TokenPublic:
@@ -126,14 +126,18 @@ def revoke(session: Session, who: Principal, token_id: int) -> TokenPublic:
     if row.revoked_at is None:
         row.revoked_at = time.time()
         session.commit()
-    return _public(session, row)
+    return public(session, row)
 
 
 def scrape_allowed(session: Session, token: str, now: float | None = None) -> bool:
     """Whether a token is a live scrape token (it reads /metrics, every tenant's, and nothing else)."""
     row = session.scalar(select(TokenRow).where(TokenRow.token_hash == hash_token(token), TokenRow.kind == "metrics"))
     at = time.time() if now is None else now
-    return row is not None and row.revoked_at is None and (row.expires_at is None or row.expires_at > at)
+    if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= at):
+        return False
+    # It reads what an admin reads: only while its maker is one, and is not offboarded.
+    maker = session.get(UserRow, row.user_id)
+    return maker is not None and maker.disabled_at is None and maker.role == "admin"
 
 
 def apikey_opens(session: Session, key: str, project: str, app: str, now: float | None = None) -> bool:
@@ -145,4 +149,8 @@ def apikey_opens(session: Session, key: str, project: str, app: str, now: float 
     if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= at):
         return False
     queue = session.get(QueueRow, row.project_id) if row.project_id is not None else None
-    return queue is not None and queue.name == project and row.app == app
+    if queue is None or queue.name != project or row.app != app:
+        return False
+    # A key opens what its maker may still open: not once its maker is disabled or has left the project.
+    maker = session.get(UserRow, row.user_id)
+    return maker is not None and maker.disabled_at is None and principal_for(session, maker).can_write(queue.id)

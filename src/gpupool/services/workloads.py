@@ -23,7 +23,7 @@ from gpupool.models.clusters import CLUSTER_LOST_AFTER_S
 from gpupool.models.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
 from gpupool.models.wire import DNS_LABEL, INT32_MAX
 from gpupool.services import audit, code, reasons, rightsizing, runs, volumes
-from gpupool.services.auth import Principal
+from gpupool.services.auth import Principal, principal_for
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound
 from gpupool.services.org import queue_named
 from gpupool.services.requests import check_fits, check_text, priority_of, to_request
@@ -72,7 +72,7 @@ def submit(
             select(WorkloadRow).where(WorkloadRow.owner_id == who.id, WorkloadRow.idempotency_key == idempotency_key)
         )
         if prior is not None:
-            return _replay(session, prior), False
+            return _replay(session, prior, project, idempotency_key), False
     tracking = body.mlflow_uri or project.mlflow_uri
     if body.model is not None:
         _check_model(body, tracking)
@@ -152,12 +152,28 @@ def submit(
                 )
             )
             if prior is not None:
-                return _replay(session, prior), False
+                return _replay(session, prior, project, idempotency_key), False
         # Among live workloads: a finished one's name is free (live_name).
         raise Conflict(f"project {body.project!r} already has a workload named {name!r}") from None
+    _still_allowed(session, who, project, body.project)
     session.add(lifecycle.submitted(row, who.name, now))
     session.commit()
     return _publics(session, [row])[0], True
+
+
+def _still_allowed(session: Session, who: Principal, project: QueueRow, name: str) -> None:
+    """Inside the submit's write, after its row is written: the submitter is still not offboarded and still may
+    write to the project, as the store says now, not as a principal cached a few seconds ago says. Offboarding
+    takes the user's row for update before it cancels the user's work, and this waits on that row (SQLite: its
+    one writer): so a submit either lands before the offboarding, which then cancels it, or sees it and is
+    refused. Never both missed."""
+    user = session.scalar(select(UserRow).where(UserRow.id == who.id).with_for_update(read=True))
+    if user is None or user.disabled_at is not None:
+        session.rollback()
+        raise Forbidden(f"{who.name!r} is disabled: it can submit nothing")
+    if not principal_for(session, user).can_write(project.id):
+        session.rollback()
+        raise NotFound(f"no project named {name!r}")
 
 
 def spec_of(body: WorkloadCreate) -> dict[str, Any]:
@@ -170,8 +186,12 @@ def spec_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _replay(session: Session, prior: WorkloadRow) -> WorkloadPublic:
-    # Named by the project it is in: a replay may name another project (or a typo of it).
+def _replay(session: Session, prior: WorkloadRow, project: QueueRow, key: str) -> WorkloadPublic:
+    """The workload an Idempotency-Key already made, submitted again to its project; a key sent with another
+    project is refused, without a word of what it made there (a token narrowed to one project, or a workload's,
+    must not read another project's workload through a key its owner used)."""
+    if prior.project_id != project.id:
+        raise Conflict(f"Idempotency-Key {key[:40]!r} was sent with another of your submissions: a key names one")
     return _publics(session, [prior])[0]
 
 
@@ -184,19 +204,28 @@ def find(session: Session, who: Principal, ref: str, project: str | None = None)
         if p is None or not who.can_read(p.id):
             raise NotFound(f"no project named {project!r}")
         query = query.where(WorkloadRow.project_id == p.id)
+    run: int | None = None
+    named, _, number = ref.partition("#")
     if ref.isascii() and ref.isdigit():
         wid = _id_or_none(ref)
         if wid is None:
             raise Invalid(f"workload id {ref[:24]!r} is out of range: ids go up to {INT32_MAX}")
         query = query.where(WorkloadRow.id == wid)
-    elif _NAME.fullmatch(ref):
-        query = query.where(WorkloadRow.name == ref)
+    elif _NAME.fullmatch(named.strip()) and (not number or (number.isascii() and number.strip().isdigit())):
+        query = query.where(WorkloadRow.name == named.strip())
+        run = int(number) if number else None  # NAME#N: its Nth run, as `list --all-runs` shows it
     else:
-        raise Invalid(f"{ref[:80]!r} is neither a workload id (ASCII digits) nor a workload name (a DNS label)")
+        raise Invalid(f"{ref[:80]!r} is neither a workload id (ASCII digits), a workload name (a DNS label) nor "
+                      "a run of one (NAME#N)")  # fmt: skip
     newest: dict[int, WorkloadRow] = {}
+    seen: dict[int, int] = {}
     for r in session.scalars(query.order_by(WorkloadRow.id)):
         if who.can_read(r.project_id):
-            newest[r.project_id] = r
+            seen[r.project_id] = seen.get(r.project_id, 0) + 1
+            if run is None or seen[r.project_id] == run:
+                newest[r.project_id] = r
+    if run is not None and not newest:
+        raise NotFound(f"{named.strip()!r} has no run {run}" if seen else f"no workload named {named.strip()!r}")
     rows = list(newest.values())
     if not rows:
         raise NotFound(f"no workload named {ref!r}")

@@ -130,7 +130,7 @@ async def test_members_are_set_listed_by_name_and_removed(http: httpx.AsyncClien
         [{"user": p.name, "queue": proj, "role": "member"} for p in (a, b)], key=lambda m: m["user"]
     )
     r = await http.delete(f"/api/v1/queues/{proj}/members/{a.name}", headers=make.admin.auth)
-    assert (r.status_code, r.json()) == (200, {"user": a.name, "state": "active", "stopped": []})
+    assert (r.status_code, r.json()) == (200, {"user": a.name, "state": "active", "stopped": [], "service_tokens": []})
     assert [m["user"] for m in (await http.get(f"/api/v1/queues/{proj}/members", headers=make.admin.auth)).json()] == [
         b.name
     ]
