@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -67,6 +68,16 @@ class ApiError(Exception):
         super().__init__(f"{status}: {reason}")
         self.status = status
         self.reason = reason
+
+
+def _q(part: object) -> str:
+    """A value as one segment of a path: quoted whole, so a `#` or `?` in a name the caller typed cannot cut the
+    path short (`delete 'nb#1'` deleting nb); a `/`, which the server would read as a separator even quoted, is
+    refused here, as no name, id or digest has one."""
+    text = str(part)
+    if "/" in text:
+        raise ApiError(400, f"{text[:80]!r} is not a name: names have no '/'")
+    return quote(text, safe="")
 
 
 def _reason(resp: httpx.Response) -> str:
@@ -150,13 +161,13 @@ class Client:
         return self._list(QueuePublic, "/api/v1/projects")
 
     def update_quota(self, name: str, body: QuotaUpdate) -> QueuePublic:
-        return self._send(QueuePublic, "PATCH", f"/api/v1/queues/{name}/quota", body)
+        return self._send(QueuePublic, "PATCH", f"/api/v1/queues/{_q(name)}/quota", body)
 
     def get_policy(self, name: str) -> PolicyPublic:
-        return self._get(PolicyPublic, f"/api/v1/queues/{name}/policy")
+        return self._get(PolicyPublic, f"/api/v1/queues/{_q(name)}/policy")
 
     def update_policy(self, name: str, body: PolicyUpdate) -> PolicyPublic:
-        return self._send(PolicyPublic, "PATCH", f"/api/v1/queues/{name}/policy", body)
+        return self._send(PolicyPublic, "PATCH", f"/api/v1/queues/{_q(name)}/policy", body)
 
     def usage(self, start: float | None = None, end: float | None = None, by: str = "project") -> UsageReport:
         """Usage from `start` (the server's default: a day before `end`) to `end` (default: now)."""
@@ -175,21 +186,21 @@ class Client:
 
     def set_password(self, name: str, password: str, current: str | None = None) -> None:
         body = {"password": password, **({"current": current} if current is not None else {})}
-        self._call("PUT", f"/api/v1/users/{name}/password", json=body)
+        self._call("PUT", f"/api/v1/users/{_q(name)}/password", json=body)
 
     def list_users(self, deleted: bool = False) -> list[UserPublic]:
         return self._list(UserPublic, "/api/v1/users", params={"deleted": "true"} if deleted else {})
 
     def disable_user(self, name: str, keep_work: bool = False) -> Offboarded:
         """Nothing the user holds signs in until enabled again; its live work is cancelled unless `keep_work`."""
-        return self._send(Offboarded, "POST", f"/api/v1/users/{name}/disable", Offboarding(keep_work=keep_work))
+        return self._send(Offboarded, "POST", f"/api/v1/users/{_q(name)}/disable", Offboarding(keep_work=keep_work))
 
     def enable_user(self, name: str) -> Offboarded:
-        return self._send(Offboarded, "POST", f"/api/v1/users/{name}/enable")
+        return self._send(Offboarded, "POST", f"/api/v1/users/{_q(name)}/enable")
 
     def delete_user(self, name: str, keep_work: bool = False) -> Offboarded:
         params = {"keep_work": "true"} if keep_work else {}
-        return self._send(Offboarded, "DELETE", f"/api/v1/users/{name}", params=params)
+        return self._send(Offboarded, "DELETE", f"/api/v1/users/{_q(name)}", params=params)
 
     def logout(self) -> None:
         self._call("POST", "/api/v1/logout")
@@ -202,31 +213,32 @@ class Client:
         return self._list(TokenPublic, "/api/v1/tokens", params={"revoked": revoked})
 
     def revoke_token(self, token_id: int) -> TokenPublic:
-        return self._send(TokenPublic, "DELETE", f"/api/v1/tokens/{token_id}")
+        return self._send(TokenPublic, "DELETE", f"/api/v1/tokens/{_q(token_id)}")
 
     def list_members(self, queue: str) -> list[MemberPublic]:
-        return self._list(MemberPublic, f"/api/v1/queues/{queue}/members")
+        return self._list(MemberPublic, f"/api/v1/queues/{_q(queue)}/members")
 
     def set_member(self, queue: str, user: str, role: str) -> MemberPublic:
         body = MemberSet.model_validate({"role": role})
-        return self._send(MemberPublic, "PUT", f"/api/v1/queues/{queue}/members/{user}", body)
+        return self._send(MemberPublic, "PUT", f"/api/v1/queues/{_q(queue)}/members/{_q(user)}", body)
 
     def remove_member(self, queue: str, user: str, keep_work: bool = False) -> Offboarded:
         """Their live work in the project is cancelled unless `keep_work`."""
         params = {"keep_work": "true"} if keep_work else {}
-        return self._send(Offboarded, "DELETE", f"/api/v1/queues/{queue}/members/{user}", params=params)
+        return self._send(Offboarded, "DELETE", f"/api/v1/queues/{_q(queue)}/members/{_q(user)}", params=params)
 
     def update_project(self, name: str, body: ProjectSettings) -> QueuePublic:
-        return self._send(QueuePublic, "PATCH", f"/api/v1/projects/{name}", body)
+        return self._send(QueuePublic, "PATCH", f"/api/v1/projects/{_q(name)}", body)
 
     def set_secret(self, project: str, name: str, value: str) -> SecretPublic:
-        return self._send(SecretPublic, "PUT", f"/api/v1/projects/{project}/secrets/{name}", SecretSet(value=value))
+        path = f"/api/v1/projects/{_q(project)}/secrets/{_q(name)}"
+        return self._send(SecretPublic, "PUT", path, SecretSet(value=value))
 
     def list_secrets(self, project: str) -> list[SecretPublic]:
-        return self._list(SecretPublic, f"/api/v1/projects/{project}/secrets")
+        return self._list(SecretPublic, f"/api/v1/projects/{_q(project)}/secrets")
 
     def delete_secret(self, project: str, name: str) -> None:
-        self._call("DELETE", f"/api/v1/projects/{project}/secrets/{name}")
+        self._call("DELETE", f"/api/v1/projects/{_q(project)}/secrets/{_q(name)}")
 
     def audit(self, since: float | None = None, actor: str | None = None, limit: int = 200) -> list[AuditPublic]:
         params: dict[str, Any] = {"limit": limit}
@@ -262,21 +274,21 @@ class Client:
             params["cursor"] = page.next_cursor
 
     def describe(self, ref: str, project: str | None = None) -> WorkloadDetail:
-        return self._get(WorkloadDetail, f"/api/v1/workloads/{ref}", params=_project(project))
+        return self._get(WorkloadDetail, f"/api/v1/workloads/{_q(ref)}", params=_project(project))
 
     def cancel(self, ref: str, project: str | None = None) -> WorkloadPublic:
-        return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{ref}/cancel", params=_project(project))
+        return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{_q(ref)}/cancel", params=_project(project))
 
     def resume(self, ref: str, project: str | None = None) -> WorkloadPublic:
-        return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{ref}/resume", params=_project(project))
+        return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{_q(ref)}/resume", params=_project(project))
 
     def rerun(self, ref: str, project: str | None = None) -> WorkloadPublic:
         """A finished workload's spec again under its name (a new workload; the old one stays as its history)."""
-        return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{ref}/rerun", params=_project(project))
+        return self._send(WorkloadPublic, "POST", f"/api/v1/workloads/{_q(ref)}/rerun", params=_project(project))
 
     def delete(self, ref: str, project: str | None = None) -> list[int]:
         """Deletes a finished workload, the earlier ones of its name, and their files: the ids deleted."""
-        resp = self._call("DELETE", f"/api/v1/workloads/{ref}", params=_project(project))
+        resp = self._call("DELETE", f"/api/v1/workloads/{_q(ref)}", params=_project(project))
         return [int(x) for x in resp.json()["deleted"]]
 
     def apply(self, body: WorkloadCreate, force: bool = False) -> ApplyResult:
@@ -285,19 +297,19 @@ class Client:
         if body.name is None:
             raise ValueError("apply needs a name: it is what the spec is applied to")
         params = {"project": body.project, **({"force": "true"} if force else {})}
-        return self._send(ApplyResult, "PUT", f"/api/v1/workloads/{body.name}", body, params=params)
+        return self._send(ApplyResult, "PUT", f"/api/v1/workloads/{_q(body.name)}", body, params=params)
 
     def logs(self, ref: str, project: str | None = None, rank: int = 0, offset: int = 0) -> tuple[bytes, int, str]:
         """(bytes from offset, the next offset, the workload's state)."""
         params = {**_project(project), "rank": rank, "offset": offset}
-        resp = self._call("GET", f"/api/v1/workloads/{ref}/logs", params=params)
+        resp = self._call("GET", f"/api/v1/workloads/{_q(ref)}/logs", params=params)
         return resp.content, int(resp.headers["X-Next-Offset"]), resp.headers["X-Workload-State"]
 
     def follow_logs(self, ref: str, project: str | None = None, rank: int = 0, offset: int = 0) -> Iterator[bytes]:
         """A member's output from offset as it is written, until the workload has ended."""
         params: dict[str, Any] = {**_project(project), "rank": rank, "offset": offset, "follow": "true"}
         try:
-            with self._http.stream("GET", f"/api/v1/workloads/{ref}/logs", params=params, timeout=None) as resp:
+            with self._http.stream("GET", f"/api/v1/workloads/{_q(ref)}/logs", params=params, timeout=None) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     raise ApiError(resp.status_code, _reason(resp))
@@ -315,16 +327,18 @@ class Client:
 
     def put_code_blob(self, project: str, digest: str, data: bytes) -> None:
         headers = {"Content-Type": "application/octet-stream"}
-        self._call("PUT", f"/api/v1/code/blobs/{digest}", params={"project": project}, content=data, headers=headers)
+        path = f"/api/v1/code/blobs/{_q(digest)}"
+        self._call("PUT", path, params={"project": project}, content=data, headers=headers)
 
     def put_code_manifest(self, project: str, manifest: CodeManifest) -> CodeStored:
         return self._send(CodeStored, "PUT", "/api/v1/code/manifests", manifest, params={"project": project})
 
     def workload_code(self, ref: str, project: str | None = None) -> CodeManifest:
-        return self._get(CodeManifest, f"/api/v1/workloads/{ref}/code", params=_project(project))
+        return self._get(CodeManifest, f"/api/v1/workloads/{_q(ref)}/code", params=_project(project))
 
     def workload_code_blob(self, ref: str, digest: str, project: str | None = None) -> bytes:
-        return self._call("GET", f"/api/v1/workloads/{ref}/code/blobs/{digest}", params=_project(project)).content
+        path = f"/api/v1/workloads/{_q(ref)}/code/blobs/{_q(digest)}"
+        return self._call("GET", path, params=_project(project)).content
 
     def collect_code(self, grace_s: float | None = None) -> dict[str, int]:
         params = {} if grace_s is None else {"grace_s": grace_s}
@@ -338,7 +352,7 @@ class Client:
         return self._list(PoolPublic, "/api/v1/pools")
 
     def update_pool(self, name: str, body: PoolUpdate) -> PoolPublic:
-        return self._send(PoolPublic, "PATCH", f"/api/v1/pools/{name}", body)
+        return self._send(PoolPublic, "PATCH", f"/api/v1/pools/{_q(name)}", body)
 
     # -- clusters --------------------------------------------------------------------------------------------
     def list_clusters(self) -> list[ClusterPublic]:
@@ -348,13 +362,13 @@ class Client:
         return self._send(ClusterPublic, "POST", "/api/v1/clusters", body)
 
     def describe_cluster(self, name: str) -> ClusterDetail:
-        return self._get(ClusterDetail, f"/api/v1/clusters/{name}")
+        return self._get(ClusterDetail, f"/api/v1/clusters/{_q(name)}")
 
     def drain_cluster(self, name: str, draining: bool = True) -> ClusterPublic:
-        return self._send(ClusterPublic, "POST", f"/api/v1/clusters/{name}/drain", ClusterDrain(draining=draining))
+        return self._send(ClusterPublic, "POST", f"/api/v1/clusters/{_q(name)}/drain", ClusterDrain(draining=draining))
 
     def remove_cluster(self, name: str) -> None:
-        self._call("DELETE", f"/api/v1/clusters/{name}")
+        self._call("DELETE", f"/api/v1/clusters/{_q(name)}")
 
     def create_sweep(self, body: SweepCreate) -> SweepPublic:
         return self._send(SweepPublic, "POST", "/api/v1/sweeps", body)
@@ -363,20 +377,20 @@ class Client:
         return self._list(SweepPublic, "/api/v1/sweeps")
 
     def describe_sweep(self, project: str, name: str) -> SweepDetail:
-        return self._get(SweepDetail, f"/api/v1/sweeps/{project}/{name}")
+        return self._get(SweepDetail, f"/api/v1/sweeps/{_q(project)}/{_q(name)}")
 
     def sweep_plot(self, project: str, name: str) -> bytes:
-        return self._call("GET", f"/api/v1/sweeps/{project}/{name}/plot.png").content
+        return self._call("GET", f"/api/v1/sweeps/{_q(project)}/{_q(name)}/plot.png").content
 
     def cancel_sweep(self, project: str, name: str) -> SweepPublic:
-        return self._send(SweepPublic, "POST", f"/api/v1/sweeps/{project}/{name}/cancel")
+        return self._send(SweepPublic, "POST", f"/api/v1/sweeps/{_q(project)}/{_q(name)}/cancel")
 
     def department_burst(self, name: str) -> DepartmentBurstPublic:
-        return self._get(DepartmentBurstPublic, f"/api/v1/departments/{name}/burst")
+        return self._get(DepartmentBurstPublic, f"/api/v1/departments/{_q(name)}/burst")
 
     def set_department_burst(self, name: str, body: DepartmentBurstSet) -> DepartmentBurstPublic:
         return DepartmentBurstPublic.model_validate(
-            self._call("PUT", f"/api/v1/departments/{name}/burst", json=body.model_dump(mode="json")).json()
+            self._call("PUT", f"/api/v1/departments/{_q(name)}/burst", json=body.model_dump(mode="json")).json()
         )
 
     # -- single sign-on (no token needed) -------------------------------------------------------------------
@@ -389,7 +403,7 @@ class Client:
     def sso_device_poll(self, handle: str) -> LoginResponse | DevicePending:
         """One poll: the session once approved, DevicePending (wait its interval) before. ApiError 403 when
         refused, 410 when the code expired."""
-        resp = self._call("POST", f"/api/v1/sso/device/{handle}")
+        resp = self._call("POST", f"/api/v1/sso/device/{_q(handle)}")
         if resp.status_code == 202:
             return DevicePending.model_validate(resp.json())
         return LoginResponse.model_validate(resp.json())

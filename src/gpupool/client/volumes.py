@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter
 
-from gpupool.client.client import Client
+from gpupool.client.client import Client, _q
 from gpupool.models.volumes import FileEntry, FilesPut, VolumeCreate, VolumePublic
 
 
@@ -20,11 +20,11 @@ def list_volumes(client: Client, project: str) -> list[VolumePublic]:
 
 
 def delete_volume(client: Client, project: str, name: str) -> None:
-    client._call("DELETE", f"/api/v1/volumes/{name}", params={"project": project})
+    client._call("DELETE", f"/api/v1/volumes/{_q(name)}", params={"project": project})
 
 
 def _files(ref: str) -> str:
-    return f"/api/v1/workloads/{ref}/files"
+    return f"/api/v1/workloads/{_q(ref)}/files"
 
 
 def list_files(client: Client, ref: str, path: str = "", rank: int = 0, project: str | None = None) -> list[FileEntry]:

@@ -63,6 +63,8 @@ def delete(session: Session, who: Principal, ref: str, project: str | None) -> l
     """Deletes a finished workload and the earlier ones of its name (its history); 409 while one of its name
     lives. Their rows stay for usage reports, out of every list and look-up. The ids, whose files the caller
     then asks its backend to remove."""
+    if "#" in ref:
+        raise Invalid(f"{ref[:80]!r} names one run: delete removes a name with all its runs (gpupool delete NAME)")
     row = find(session, who, ref, project)
     _writable(who, row, "delete")
     rows = list(

@@ -120,3 +120,20 @@ async def test_the_command_line_shows_a_name_once_with_its_runs_and_says_when_a_
         shown = _cli(url, token, "describe", "train", "-p", project)
         assert re.search(r"^Run:         2 of 2 of its name$", shown, re.MULTILINE), shown
         assert re.search(rf"^  #1  id {first['id']}  succeeded, exit 0, \S+ \S+$", shown, re.MULTILINE), shown
+        # A run as list --all-runs labels it names that run, whatever a shell or a URL makes of '#'.
+        for label in ("train #1", "train#1"):
+            shown = _cli(url, token, "describe", label, "-p", project)
+            assert shown.startswith(f"Name:        train  (id {first['id']})")
+        done = _fails(url, token, "delete", "train#1", "-p", project, "--yes")
+        assert done == "error: 'train#1' names one run: delete removes a name with all its runs (gpupool delete NAME)\n"
+        assert _fails(url, token, "describe", "train#3", "-p", project) == "error: 'train' has no run 3\n"
+        slash = _fails(url, token, "describe", "train/", "-p", project)
+        assert slash == "error: 'train/' is not a name: names have no '/'\n"
+        assert [r[0] for r in _table(_cli(url, token, "list", "-p", project, "--all-runs"))] == ["train #2", "train #1"]
+
+
+def _fails(url: str, token: str, *args: str) -> str:
+    env = {"GPUPOOL_URL": url, "GPUPOOL_TOKEN": token, "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    done = subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    return done.stderr
