@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpupool.backends.base import Backend
 from gpupool.control.controller import Controller
 from gpupool.services.apps import SESSION_COOKIE, on_apps_host
-from gpupool.services.auth import Principal, PrincipalCache
+from gpupool.services.auth import Principal, PrincipalCache, disabled_holder
 from gpupool.services.sessions import CSRF_COOKIE, CSRF_HEADER, LoginLimiter, csrf_token
 from gpupool.services.sso import Sso
 from gpupool.services.sweeps import Studies
@@ -103,7 +103,11 @@ async def get_principal(
         if who is None:
             who = await run_in_threadpool(ctx.principals.get, session, token)
     if who is None:
-        raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+        holder = await run_in_threadpool(disabled_holder, session, token) if token and plausible_token(token) else None
+        detail = "a valid bearer token is required" if holder is None else (
+            f"the user {holder!r} is disabled: an admin can enable it again"
+        )  # fmt: skip
+        raise HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
     if creds is None and token is not None and request.method not in SAFE_METHODS:
         sent, kept = request.headers.get(CSRF_HEADER, ""), request.cookies.get(CSRF_COOKIE, "")
         want = csrf_token(token)

@@ -142,6 +142,18 @@ def authenticate(session: Session, token: str, now: float | None = None) -> Prin
     return principal_for(session, user, scope=row.project_id, cap=row.role, token_id=row.id, kind=row.kind)
 
 
+def disabled_holder(session: Session, token: str) -> str | None:
+    """The name of the disabled user a live token of theirs belongs to, so its holder hears why it is refused (it
+    holds the token: nothing is learnt); None for any other token."""
+    if not token.startswith(("gp_", "gps_")):
+        return None
+    row = session.scalar(select(TokenRow).where(TokenRow.token_hash == hash_token(token)))
+    if row is None or row.revoked_at is not None:
+        return None
+    user = session.get(UserRow, row.user_id)
+    return user.name if user is not None and user.disabled_at is not None and user.deleted_at is None else None
+
+
 def _workload_principal(session: Session, token: str) -> Principal | None:
     """A workload's own token: its owner, as a member of its project at most, while that attempt is live."""
     found = workload_tokens.verify(workload_tokens.key(session), token)
