@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
+from gpupool.cli.connection import print_table
 from gpupool.cli.table import Column, fitted
 from gpupool.cli.workloads import LIST_COLUMNS
 
@@ -47,3 +49,14 @@ def test_a_reason_wraps_at_its_words_rather_than_pushing_out_more_columns() -> N
     assert max(cell_len(line) for line in lines) <= 70
     assert sum("train-resnet" in line for line in lines) == 1
     assert any("over limit:" in line for line in lines) and any("default" in line for line in lines)
+
+
+def test_a_reports_first_column_is_never_cut_however_narrow_the_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    columns = ("WORKLOAD", "RUNS", "GPU-HOURS", "BUSY", "IDLE", "COST", "ON-PREM", "BURST")
+    print_table("usage by workload", columns, [("vision/a-rather-long-name", "2", "1.00", "0.00", "1.00", "0.00",
+                                                "0.00", "0.00")])  # fmt: skip
+    body = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    assert len(body) == 1 and body[0].startswith("│ vision/a-rather-long-name │")

@@ -61,10 +61,16 @@ def emit_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> None:
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
-    """One Rich table: the CLI's every human-readable list."""
+    """One Rich table: the CLI's every human-readable list. Its first column (what each row is: a name, a user, a
+    project/workload) is never cut short, however narrow the terminal: the other columns give way."""
+    rows = [tuple(row) for row in rows]
     table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
+    for i, col in enumerate(columns):
+        if i == 0:
+            widest = max((len(str(row[0])) for row in rows if row), default=0)
+            table.add_column(col, no_wrap=True, min_width=max(len(col), widest))
+        else:
+            table.add_column(col)
     for row in rows:
         table.add_row(*row)
     Console().print(table)
