@@ -36,6 +36,9 @@ Submit = Callable[[Session, Principal, WorkloadCreate, str], WorkloadPublic]
 REPORT = re.compile(rb"^gpupool\.report step=(\d+) value=(\S+)\s*$")
 RESULT = re.compile(rb"^gpupool\.result value=(\S+)\s*$")
 READ_LIMIT = 1 << 20
+LOG_SETTLE_S = 3.0
+"""How long after a trial's workload succeeded its log may still be taking its last lines: until then a trial that
+printed no result yet is read again rather than told its last report (a loaded host was seen to lag)."""
 
 
 def trial_name(sweep: str, number: int) -> str:
@@ -110,6 +113,7 @@ class SweepDriver:
             ))
         }  # fmt: skip
         cancelled = row.state == SweepState.CANCELLED
+        settling = 0
         for t in trials:
             if t.state is not TrialState.RUNNING:
                 continue
@@ -132,6 +136,8 @@ class SweepDriver:
             elif cancelled and phase not in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED):
                 workloads.cancel(s, who, str(w.id), project.name)
                 study.tell(t.number, state=TrialState.FAIL)
+            elif phase == Phase.SUCCEEDED and final is None and now - (w.finished_at or now) < LOG_SETTLE_S:
+                settling += 1  # its last lines (the result) may still be on their way into its log: read next step
             elif phase == Phase.SUCCEEDED:
                 value = final if isinstance(final, float) else _last(self.studies.storage().get_trial(t._trial_id))
                 if value is None:
@@ -144,7 +150,7 @@ class SweepDriver:
                 self._offsets.pop(w.id, None)
         # A trial holds its place until its workload has ended: a pruned one's, stopping with its grace period,
         # still holds its GPU, and the sweep never runs more than its parallelism at once.
-        running = sum(1 for w in mine.values() if Phase(w.state) not in TERMINAL)
+        running = settling + sum(1 for w in mine.values() if Phase(w.state) not in TERMINAL)
         asked = len(trials)
         space = distributions(spec)
         while not cancelled and running < spec.parallelism and asked < spec.trials:
