@@ -183,7 +183,7 @@ def test_attach_talks_to_a_jobs_stdin_and_port_forward_reaches_its_server(make_s
         assert (got.status_code, got.text) == (200, "hello from inside\n")
 
         # Taken out of the project, she loses the session she has open.
-        s.cli("member", "remove", "red", "rita")
+        s.cli("member", "remove", "red", "rita", "--keep-work")  # her job runs on: this is about her sessions
         assert attach.wait(30) == 1
         assert attach.stderr is not None
         assert attach.stderr.read() == b"gpupool: you may no longer use this workload's shells\n"

@@ -42,7 +42,8 @@ def said(workloads: Workloads, name: str) -> str:
 
 def of(s: Server, project: str, origin: str) -> list[dict[str, Any]]:
     """The project's workloads made from the Job (JobSet ...) named `origin`, oldest first."""
-    described = sorted((s.workload(str(w["id"])) for w in s.json("list", "-p", project)), key=lambda w: w["id"])
+    described = sorted((s.workload(str(w["id"])) for w in s.json("list", "-p", project, "--all-runs")),
+                       key=lambda w: w["id"])
     return [w for w in described if (w.get("origin") or {}).get("name") == origin]
 
 
