@@ -72,7 +72,7 @@ def submit(
             select(WorkloadRow).where(WorkloadRow.owner_id == who.id, WorkloadRow.idempotency_key == idempotency_key)
         )
         if prior is not None:
-            return _replay(session, prior, project, idempotency_key), False
+            return _replay(session, who, prior, idempotency_key), False
     tracking = body.mlflow_uri or project.mlflow_uri
     if body.model is not None:
         _check_model(body, tracking)
@@ -152,7 +152,7 @@ def submit(
                 )
             )
             if prior is not None:
-                return _replay(session, prior, project, idempotency_key), False
+                return _replay(session, who, prior, idempotency_key), False
         # Among live workloads: a finished one's name is free (live_name).
         raise Conflict(f"project {body.project!r} already has a workload named {name!r}") from None
     _still_allowed(session, who, project, body.project)
@@ -186,11 +186,11 @@ def spec_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _replay(session: Session, prior: WorkloadRow, project: QueueRow, key: str) -> WorkloadPublic:
-    """The workload an Idempotency-Key already made, submitted again to its project; a key sent with another
-    project is refused, without a word of what it made there (a token narrowed to one project, or a workload's,
-    must not read another project's workload through a key its owner used)."""
-    if prior.project_id != project.id:
+def _replay(session: Session, who: Principal, prior: WorkloadRow, key: str) -> WorkloadPublic:
+    """The workload an Idempotency-Key already made, named by its own project (a replay may name another, or a
+    typo of it); refused, without a word of what it made, where the caller may not read that project now (a token
+    narrowed to another project, a workload's, or its owner since taken out of it)."""
+    if not who.can_read(prior.project_id):
         raise Conflict(f"Idempotency-Key {key[:40]!r} was sent with another of your submissions: a key names one")
     return _publics(session, [prior])[0]
 

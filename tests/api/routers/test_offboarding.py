@@ -261,19 +261,22 @@ async def test_the_edges_of_offboarding_say_no_without_telling_who_exists(
     })  # fmt: skip
 
 
-async def test_an_idempotency_key_sent_with_another_project_reads_nothing_of_the_first(
+async def test_an_idempotency_key_replays_only_to_whoever_may_read_what_it_made(
     http: httpx.AsyncClient, make: Factory
 ) -> None:
+    """A replay answers with the workload the key made, named by its own project; a token of the same person
+    narrowed to another project (or a workload's) hears only that the key is taken: an attack round read another
+    project's workload this way."""
     mine, theirs = await make.project(), await make.project()
     dual = await make.user(mine, theirs)
-    made = await make.ok("POST", "/api/v1/workloads", {"project": theirs, "name": "secret", "command": ["true"]},
-                         who=dual, **{})  # fmt: skip
     headers = {**dual.auth, "Idempotency-Key": "nightly"}
     first = await http.post("/api/v1/workloads", json={"project": theirs, "command": ["true"]}, headers=headers)
-    assert first.status_code == 201 and first.json()["id"] != made["id"]
-    again = await http.post("/api/v1/workloads", json={"project": theirs, "command": ["true"]}, headers=headers)
-    assert (again.status_code, again.json()["id"]) == (200, first.json()["id"])  # the same project: a replay
-    other = await http.post("/api/v1/workloads", json={"project": mine, "command": ["true"]}, headers=headers)
+    assert first.status_code == 201
+    again = await http.post("/api/v1/workloads", json={"project": mine, "command": ["true"]}, headers=headers)
+    assert (again.status_code, again.json()["id"], again.json()["project"]) == (200, first.json()["id"], theirs)
+    narrowed = await make.ok("POST", "/api/v1/tokens", {"name": make.name("t"), "project": mine}, who=dual)
+    other = await http.post("/api/v1/workloads", json={"project": mine, "command": ["true"]},
+                            headers={"Authorization": f"Bearer {narrowed['token']}", "Idempotency-Key": "nightly"})
     assert (other.status_code, other.json()) == (409, {
         "detail": "Idempotency-Key 'nightly' was sent with another of your submissions: a key names one"
     })  # fmt: skip
