@@ -86,10 +86,14 @@ async def test_applying_a_spec_again_is_nothing_even_once_it_has_finished_and_an
         assert _runs(listed) == [("job", 3, 3, back["state"])]
 
 
-def _cli(url: str, token: str, *args: str) -> str:
+def _run(url: str, token: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {"GPUPOOL_URL": url, "GPUPOOL_TOKEN": token, "PATH": "/usr/bin:/bin", "HOME": str(Path.home()),
            "COLUMNS": "200"}  # fmt: skip
-    done = subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def _cli(url: str, token: str, *args: str) -> str:
+    done = _run(url, token, *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -133,7 +137,6 @@ async def test_the_command_line_shows_a_name_once_with_its_runs_and_says_when_a_
 
 
 def _fails(url: str, token: str, *args: str) -> str:
-    env = {"GPUPOOL_URL": url, "GPUPOOL_TOKEN": token, "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    done = subprocess.run([GPUPOOL, *args], env=env, capture_output=True, text=True, timeout=60)
+    done = _run(url, token, *args)
     assert done.returncode == 1, (done.stdout, done.stderr)
     return done.stderr
