@@ -19,7 +19,7 @@ from pathlib import Path
 import pathspec
 
 from gpupool.client.client import ApiError, Client
-from gpupool.models.code import CodeFile, CodeManifest
+from gpupool.models.code import CodeFile, CodeManifest, resolve_link, tree_problem
 
 IGNORE_FILES = (".gitignore", ".gpupoolignore")
 """Read in each directory, in this order: a .gpupoolignore line overrides a .gitignore line (`!data.csv` sends a
@@ -184,10 +184,27 @@ def pack(directory: Path | str, max_bytes: int, chunk_bytes: int) -> Packed:
                 chunks.append(digest)
                 size += len(data)
         files.append(CodeFile(path=rel, mode=st.st_mode & 0o777, size=size, sha256=whole.hexdigest(), chunks=chunks))
-    packed.manifest = CodeManifest(files=files)
+    packed.manifest = CodeManifest(files=_inside(files, packed.skipped))
     packed.skipped += skipped
     packed.skipped.sort()
     return packed
+
+
+def _inside(files: list[CodeFile], skipped: list[str]) -> list[CodeFile]:
+    """The files less the links that lead outside the tree once every other link is followed (`d -> .` makes
+    `e -> d/d/../..` leave it), or that loop: the server refuses those (resolve_link); they go to `skipped`."""
+    while True:
+        links = {f.path: f.link for f in files if f.link is not None}
+        out = set()
+        for path in links:
+            try:
+                resolve_link(links, path)
+            except ValueError:
+                out.add(path)
+        if not out:
+            return files
+        skipped += sorted(out)
+        files = [f for f in files if f.path not in out]
 
 
 def _read(chunk: Chunk, digest: str) -> bytes:
@@ -248,17 +265,18 @@ def fetch(client: Client, ref: str, into: Path | str, project: str | None = None
     each file checked against its SHA-256, links as links."""
     root = Path(into)
     manifest = client.workload_code(ref, project)
+    problem = tree_problem(manifest)
+    if problem is not None:
+        raise CodeError(422, f"the server sent a tree that cannot be written safely: {problem}")
     for f in manifest.files:
-        parts = f.path.split("/")
-        if f.path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise CodeError(422, f"the server sent a path outside the tree: {f.path[:200]!r}")
-        dest = root.joinpath(*parts)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest = root.joinpath(*f.path.split("/"))
+        dest.parent.mkdir(parents=True, exist_ok=True)  # no entry is under a link (tree_problem)
         if f.link is not None:
             os.symlink(f.link, dest)
             continue
         whole = hashlib.sha256()
-        with open(dest, "wb") as out:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a link
+        with open(os.open(dest, flags, 0o600), "wb") as out:
             for digest in f.chunks:
                 data = client.workload_code_blob(ref, digest, project)
                 whole.update(data)

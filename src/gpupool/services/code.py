@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import posixpath
 import re
 import secrets
 import time
@@ -21,7 +20,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.orm import Session
 
-from gpupool.models.code import CodeManifest, CodeStored
+from gpupool.models.code import CodeManifest, CodeStored, tree_problem
 from gpupool.services import audit
 from gpupool.services.auth import Principal
 from gpupool.services.errors import Conflict, Forbidden, Invalid, NotFound, ServiceError
@@ -82,30 +81,11 @@ def _hold(session: Session, project_id: int, digest: str, size: int, now: float)
 
 
 def check_paths(manifest: CodeManifest) -> None:
-    """Paths relative and normal (no '..', no '.', no empty part, no absolute path), sorted, each once, no file
-    inside another file; links pointing inside the tree."""
-    paths = [f.path for f in manifest.files]
-    if paths != sorted(paths):
-        raise Invalid("the manifest's files are not sorted by path")
-    seen: set[str] = set()
-    for f in manifest.files:
-        parts = f.path.split("/")
-        if f.path.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\x00" in f.path:
-            raise Invalid(f"path {f.path[:200]!r} is not a normal relative path (no '..', '.', '//' or leading '/')")
-        if f.path in seen:
-            raise Invalid(f"path {f.path[:200]!r} appears twice")
-        for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in seen:
-                raise Invalid(f"path {f.path[:200]!r} is inside {'/'.join(parts[:i])!r}, which is a file")
-        seen.add(f.path)
-        if f.link is not None:
-            target = posixpath.normpath(posixpath.join(posixpath.dirname(f.path), f.link))
-            if f.link.startswith("/") or target == ".." or target.startswith("../") or "\x00" in f.link:
-                raise Invalid(f"link {f.path[:200]!r} points outside the tree ({f.link[:200]!r})")
-            if f.chunks or f.size or f.sha256:
-                raise Invalid(f"link {f.path[:200]!r} has contents")
-        elif f.sha256 is None:
-            raise Invalid(f"file {f.path[:200]!r} has no sha256")
+    """Paths relative and normal, sorted, each once, none inside a file; every link resolved through the tree's
+    other links to a place inside it, loops refused (gpupool.models.code.tree_problem): 422 with the reason."""
+    problem = tree_problem(manifest)
+    if problem is not None:
+        raise Invalid(problem)
 
 
 def largest(manifest: CodeManifest, count: int = 5) -> str:
