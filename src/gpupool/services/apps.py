@@ -17,7 +17,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from gpupool.lifecycle.phases import STARTED, Phase
-from gpupool.services.auth import Principal, hash_token, new_token, principal_for
+from gpupool.services.auth import Principal, hash_token, new_token, principal_for, require_own_login
 from gpupool.services.errors import Forbidden, NotFound, ServiceError
 from gpupool.settings import Settings
 from gpupool.store.tables import AllocationRow, QueueRow, TokenRow, UserRow, WorkloadRow
@@ -138,7 +138,10 @@ def startup_note(settings: Settings) -> str:
 
 
 def mint_ticket(session: Session, who: Principal, target: AppTarget, now: float | None = None) -> str:
-    """A single-use ticket, good for TICKET_TTL_S, that signs `who` in to `target`'s app on the apps host."""
+    """A single-use ticket, good for TICKET_TTL_S, that signs `who` in to `target`'s app on the apps host. Only
+    for the user's whole identity: the app session it opens is its user's for 12 hours, wider and longer-lived
+    than a narrowed token that a portal's cookie might hold (`require_own_login`)."""
+    require_own_login(who, "open sessions")
     at = time.time() if now is None else now
     # Spent and stale tickets and app sessions go with each new ticket: the table keeps no trail of them.
     session.execute(

@@ -5,6 +5,12 @@ Roles, from most to least: admin (everything); department admin (its departments
 the department's budget, policies that only tighten, memberships); project member (submit, cancel, open apps);
 viewer (read). A token never has more rights than its user has now, and may have fewer (a project scope, a role
 cap): JupyterHub's rule.
+
+Credentials make credentials only from the user's whole identity (`require_own_login`): a narrower one (a
+workload's own token, a token narrowed to a project or a role, a service token) never sets a password, opens a
+session or makes a token, each of which would outlive it or be wider than it. So nothing a narrow credential
+holds was made from it, and revoking it, or ending the workload attempt it belongs to, leaves nothing to revoke
+after it (docs/security.md, "Credentials").
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ class Principal:
     """Departments it administers."""
     token_id: int | None = None
     kind: str = "personal"
+    narrowed: bool = False
+    """Its token names a project or a role (a workload's and a service token's always do): less than its user."""
 
     @property
     def is_admin(self) -> bool:
@@ -72,6 +80,21 @@ class Principal:
     def require_admin(self) -> None:
         if not self.is_admin:
             raise Forbidden("only an admin may do this")
+
+
+def require_own_login(who: Principal, action: str) -> None:
+    """Refuse `action` (set passwords, open sessions, make tokens) to anything but the user's whole identity: a
+    session (from a password or single sign-on) or a personal token narrowed to nothing. A password or a session
+    made by a narrower credential would outlive it with every right of its user (a workload's token, readable by
+    its project's members, would become its owner's login), and a token it made could be wider than it."""
+    if who.kind == "workload":
+        raise Forbidden(f"a workload's own token cannot {action}: it ends with the workload")
+    if who.kind == "service":
+        raise Forbidden(f"a service token cannot {action}: it belongs to its project, not to a person")
+    if who.narrowed:
+        raise Forbidden(f"a token narrowed to a project or a role cannot {action}: use your own login")
+    if who.kind not in ("personal", "session") or who.token_id is None:
+        raise Forbidden(f"only your own login can {action}")
 
 
 def new_token(prefix: str = "gp_") -> str:
@@ -118,7 +141,8 @@ def principal_for(
         projects = {p: cap if RANK[r] > RANK[cap] else r for p, r in projects.items()}
         departments = set()
         role = "viewer" if "viewer" in (cap, role) else "member"
-    return Principal(user.id, user.name, role, projects, frozenset(departments), token_id, kind)
+    narrowed = scope is not None or cap is not None
+    return Principal(user.id, user.name, role, projects, frozenset(departments), token_id, kind, narrowed)
 
 
 def authenticate(session: Session, token: str, now: float | None = None) -> Principal | None:

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.services import apps
-from gpupool.services.auth import Principal, hash_token, new_token, principal_for
+from gpupool.services.auth import Principal, hash_token, new_token, principal_for, require_own_login
 from gpupool.services.errors import Forbidden, Invalid, NotFound, ServiceError
 from gpupool.store import server_state
 from gpupool.store.tables import TokenRow, UserRow
@@ -164,7 +164,9 @@ def logout(session: Session, who: Principal) -> None:
 
 def set_password(session: Session, who: Principal, name: str, password: str, current: str | None) -> None:
     """Your own password needs your current one (where you have one), and ends your other sessions. An admin
-    may set anyone's."""
+    may set anyone's. Either way only from the caller's whole identity (`require_own_login`): a first password
+    set from a workload's or a narrowed token would be a login that outlives it, with every right of its user."""
+    require_own_login(who, "set passwords")
     user = session.scalar(select(UserRow).where(UserRow.name == name, UserRow.kind == "person",
                                                 UserRow.deleted_at.is_(None)))  # fmt: skip
     own = who.name == name

@@ -10,12 +10,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.models.access import TokenCreate, TokenCreated, TokenPublic
-from gpupool.services.auth import RANK, Principal, hash_token, new_token, principal_for
+from gpupool.services import apps
+from gpupool.services.auth import RANK, Principal, hash_token, new_token, principal_for, require_own_login
 from gpupool.services.errors import Forbidden, Invalid, NotFound
 from gpupool.store.tables import MembershipRow, QueueRow, TokenRow, UserRow, WorkloadRow
 
 DAY_S = 86400.0
 PREFIX = {"personal": "gp_", "service": "gp_", "apikey": "gpk_", "metrics": "gpm_"}
+LISTED = ("personal", "service", "session", "apikey", "metrics")
+"""What people see and revoke here; the apps host's tickets and sessions (`apps`) end with the user's sessions."""
 
 
 def _project(session: Session, who: Principal, name: str) -> QueueRow:
@@ -37,10 +40,7 @@ def public(session: Session, row: TokenRow) -> TokenPublic:
 
 def create(session: Session, who: Principal, body: TokenCreate) -> TokenCreated:
     now = time.time()
-    if who.kind == "workload":
-        raise Forbidden("a workload's own token cannot make tokens: it ends with the workload")
-    if who.kind == "service" or who.token_id is None:
-        raise Forbidden("a service token cannot make tokens")
+    require_own_login(who, "make tokens")  # a token made by a narrower one could be wider, or outlive it
     if body.kind == "metrics" and (not who.is_admin or body.project is not None):
         raise Forbidden("a scrape token for /metrics is an admin's to make, for the whole platform")
     project = _project(session, who, body.project) if body.project else None
@@ -99,6 +99,8 @@ def _service_account(session: Session, project: QueueRow, name: str, role: str, 
 
 def _visible(who: Principal, row: TokenRow) -> bool:
     """Your own tokens; a project's service tokens and keys for those who may write to it; all for admins."""
+    if row.kind not in LISTED:
+        return False
     if who.is_admin or row.user_id == who.id or row.created_by == who.id:
         return True
     return row.kind in ("service", "apikey") and row.project_id is not None and who.can_write(row.project_id)
@@ -106,7 +108,7 @@ def _visible(who: Principal, row: TokenRow) -> bool:
 
 def list_tokens(session: Session, who: Principal, include_revoked: bool = False) -> list[TokenPublic]:
     now = time.time()
-    query = select(TokenRow).order_by(TokenRow.id)
+    query = select(TokenRow).where(TokenRow.kind.in_(LISTED)).order_by(TokenRow.id)
     if not who.is_admin:  # narrowed in SQL (sessions pile up for everyone); `_visible` stays the rule
         projects = sorted(who.projects)
         query = query.where(
@@ -125,6 +127,10 @@ def revoke(session: Session, who: Principal, token_id: int) -> TokenPublic:
         raise NotFound(f"no token {token_id}")
     if row.revoked_at is None:
         row.revoked_at = time.time()
+        if row.kind in ("personal", "session"):
+            # What the portal's cookie held may have made apps-host sessions (`apps.mint_ticket`); they record no
+            # parent, so every one of the user's goes with it, as on signing out (they reopen from the portal).
+            apps.end_app_sessions(session, row.user_id)
         session.commit()
     return public(session, row)
 

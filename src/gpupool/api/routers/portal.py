@@ -25,6 +25,7 @@ from gpupool.models.schemas import ShareLine, TimelinePoint
 from gpupool.models.wire import UNIX_MAX, UNIX_MIN
 from gpupool.services import audit, insight, metrics, sessions
 from gpupool.services.apps import SESSION_COOKIE
+from gpupool.services.auth import require_own_login
 from gpupool.services.sessions import SESSION_PREFIX
 
 router = APIRouter(tags=["portal"], responses=ERRORS)
@@ -53,9 +54,11 @@ async def cookie_session(
     who: CurrentUser, request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> Response:
     """The portal's sign-in with a token (an API token or a session): the same token, sent once as a bearer
-    token, goes into the browser's session cookies, so the page keeps no token of its own."""
+    token, goes into the browser's session cookies, so the page keeps no token of its own. Only the user's whole
+    identity: apps opened from the portal get sessions of their own from the cookie (`apps.mint_ticket`)."""
     if creds is None:
         return JSONResponse({"detail": "send the token to keep as a bearer token"}, 400)
+    require_own_login(who, "open sessions")
     expiry = time.time() + sessions.SESSION_TTL_S  # the cookie's life; the token's own is checked on each call
     out = LoginResponse(token=creds.credentials, expires_at=expiry, name=who.name, role=who.role)
     answer = JSONResponse(out.model_dump(), headers={"Cache-Control": "no-store"})
@@ -76,7 +79,8 @@ def logout(session: SessionDep, ctx: ContextDep, who: CurrentUser, request: Requ
 
 @router.put("/users/{name}/password", status_code=204)
 def set_password(name: str, body: PasswordSet, session: SessionDep, ctx: ContextDep, who: CurrentUser) -> None:
-    """Your own needs your current password, and ends your other sessions; an admin may set anyone's."""
+    """Your own needs your current password, and ends your other sessions; an admin may set anyone's. Never
+    from a workload's, a service or a narrowed token: only from your own login."""
     audit.note(obj=f"user/{name}")
     sessions.set_password(session, who, name, body.password, body.current)
     ctx.principals.clear()

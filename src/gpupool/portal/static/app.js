@@ -45,7 +45,8 @@ function loginPage() {
     ev.preventDefault();
     // Sent once, as a bearer token: the server answers with the session's cookies for it.
     const res = await fetch("/api/v1/session", { method: "POST", headers: { Authorization: `Bearer ${new FormData(ev.target).get("token")}` } });
-    if (!res.ok) { fail(new Error("that token is not valid")); return; }
+    // 403: a workload's, service or narrowed token, which opens no session (the server says so).
+    if (!res.ok) { fail(new Error(res.status === 403 ? (await res.json()).detail : "that token is not valid")); return; }
     try { await start(); } catch (e) { fail(e); }
   };
 }
