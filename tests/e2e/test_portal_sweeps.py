@@ -15,6 +15,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.e2e.conftest import Server, wait_for
 from tests.e2e.envs import mlflow as mlflow
+from tests.e2e.sweeps import trials_said
 from tests.e2e.test_portal import shot, token_page
 
 # (x - 2)² of a whole x: values the CLI and the page print alike.
@@ -63,8 +64,8 @@ def test_the_sweeps_pages_list_describe_plot_and_cancel_for_members_only(
     vic = s.json("user", "create", "vic", "--role", "viewer", "--project", "vision")["token"]
     _start(s, SEARCH, ana)
     done = wait_for(lambda: (d := _sweep(s, "search"))["state"] == "succeeded" and d, 90, "the sweep to end")
-    assert [t["state"] for t in done["trial_list"]] == ["complete"] * 3
-    assert done["best"]["value"] == min(t["value"] for t in done["trial_list"])
+    assert [t["state"] for t in done["trial_list"]] == ["complete"] * 3, trials_said(s, "search")
+    assert done["best"]["value"] == min(t["value"] for t in done["trial_list"]), trials_said(s, "search")
     _start(s, SLOW, ana)
     wait_for(lambda: any(t["state"] == "running" for t in _sweep(s, "slow")["trial_list"]), 60, "a slow trial")
 

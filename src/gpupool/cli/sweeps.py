@@ -115,6 +115,9 @@ def sweep_describe(
     rows = [[str(t.number), t.state, _value(t.value), "-" if t.last_step is None else str(t.last_step),
              _params(t), t.workload or "-"] for t in d.trial_list]  # fmt: skip
     print_table(None, ["TRIAL", "STATE", "VALUE", "STEP", "PARAMS", "WORKLOAD"], rows)
+    for t in d.trial_list:  # why one failed, or took its last report for its value (a pruned one's STEP says it)
+        if t.reason and t.state != "pruned":
+            print(f"trial {t.number}: {t.reason}")
     if plot is not None:
         print(f"plot written to {plot}")
 

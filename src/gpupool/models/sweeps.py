@@ -101,6 +101,9 @@ class TrialPublic(Reply):
     last_step: int | None = None
     workload: str | None = None
     """The name of the workload that runs it, in the sweep's project."""
+    reason: str | None = None
+    """Why it ended as it did, where gpupool decided: why it failed (its workload failed or was refused, or printed
+    neither result nor report), the step it was pruned at, or that its value is its last report."""
 
 
 class SweepPublic(Reply):

@@ -25,6 +25,9 @@ from gpupool.services.errors import Conflict, Invalid, NotFound
 from gpupool.store.tables import QueueRow, SweepRow, WorkloadRow
 
 SCHEMA = "optuna"
+REASON = "gpupool:reason"
+"""The system attribute of an Optuna trial that says why gpupool ended it as it did (failed, pruned, or valued by
+its last report)."""
 
 
 class Studies:
@@ -197,7 +200,7 @@ def _trial(t: Any, workload: str | None) -> TrialPublic:
     steps = t.intermediate_values
     return TrialPublic(
         number=t.number, state=t.state.name.lower(), params=dict(t.params), value=t.value,
-        last_step=max(steps) if steps else None, workload=workload,
+        last_step=max(steps) if steps else None, workload=workload, reason=t.system_attrs.get(REASON),
     )  # fmt: skip
 
 

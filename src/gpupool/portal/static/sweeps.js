@@ -113,7 +113,7 @@ function best(d) {
 function trialRows(d) {
   const tbody = document.querySelector("#sw-trials tbody");
   tbody.replaceChildren(...d.trial_list.map((t) => {
-    const tr = el(`<tr data-trial="${Number(t.number)}"><td>${Number(t.number)}</td><td><span class="state ${esc(t.state)}">${esc(t.state)}</span></td>
+    const tr = el(`<tr data-trial="${Number(t.number)}"><td>${Number(t.number)}</td><td><span class="state ${esc(t.state)}" title="${esc(t.reason || "")}">${esc(t.state)}</span></td>
       <td class="value">${esc(num(t.value))}</td><td>${t.last_step === null ? "–" : Number(t.last_step)}</td>
       <td class="params">${esc(params(t.params))}</td><td class="workload">–</td></tr>`);
     if (t.workload) {
