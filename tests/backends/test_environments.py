@@ -3,6 +3,7 @@ an image built here and run through podman (no registry is reachable: the image 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,8 @@ import pytest
 from gpupool.backends.base import LaunchSpec
 from gpupool.backends.local import LocalBackend, discover
 from gpupool.backends.local import images as images_mod
-from gpupool.backends.local.envs import BUILD_FAILED
+from gpupool.backends.local.envfd import ROOT_ENV
+from gpupool.backends.local.envs import BUILD_FAILED, seal_env
 from gpupool.backends.local.runs import REASON_BYTES, RunDir, short_reason
 from gpupool.backends.local.sandbox import Member, probe
 from tests.backends.test_sandbox import _run
@@ -116,12 +118,15 @@ def test_an_image_runs_confined_with_its_gpu_variables(tmp_path: Path, image: st
         'echo "secret=$TOKEN"; echo "home=$HOME"; grep ^CapEff /proc/self/status; touch /x 2>/dev/null || echo ro; '
         "echo hi > out && cat out; cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
     )
-    argv, cgroups = b.sandbox.argv(member, ("sh", "-c", script))
-    assert cgroups == ()
-    assert "s3" not in " ".join(argv)  # a value never on a command line: podman takes it from its environment
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "GPU-1", "TOKEN": "s3"}
     env["GPUPOOL_WORKLOAD"] = "w"
-    done = subprocess.run(argv, cwd=member.workdir, env=env, capture_output=True, text=True, timeout=120)
+    fd = seal_env(env)
+    argv, cgroups = b.sandbox.argv(member, ("sh", "-c", script), fd)
+    assert cgroups == ()
+    assert "s3" not in " ".join(argv)  # a value never on a command line: podman reads it from a memfd of its own
+    done = subprocess.run(argv, cwd=member.workdir, env=ROOT_ENV, capture_output=True, text=True, timeout=120,
+                          pass_fds=(fd,))  # fmt: skip
+    os.close(fd)
     uid = str(UID_BASE + 5)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
@@ -134,8 +139,9 @@ def test_a_container_starts_once_and_goes_with_its_release(tmp_path: Path, image
     b = _backend(tmp_path)
     member = _image_member(tmp_path, "5-0-0", image)
     b.sandbox.prepare(member)
-    argv, _ = b.sandbox.argv(member, ("sleep", "300"))
-    first = subprocess.Popen(argv, env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fd = seal_env({"PATH": "/usr/bin:/bin"})
+    argv, _ = b.sandbox.argv(member, ("sleep", "300"), fd)
+    first = subprocess.Popen(argv, env=ROOT_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(fd,))
     podman = [shutil.which("podman") or "podman", *images_mod.global_options()]
 
     def running() -> bool:
@@ -147,7 +153,8 @@ def test_a_container_starts_once_and_goes_with_its_release(tmp_path: Path, image
     while not running():
         assert time.monotonic() < deadline, "the container did not start"
         time.sleep(0.1)
-    second = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)
+    second = subprocess.run(argv, env=ROOT_ENV, capture_output=True, text=True, timeout=60, pass_fds=(fd,))
+    os.close(fd)
     assert second.returncode == 125  # its name is taken: podman refuses a second start of one launch
     assert "already in use" in second.stderr
     first.kill()  # its wrapper killed hard: podman's monitor keeps the container running
@@ -161,7 +168,7 @@ def test_a_notebook_or_service_in_an_image_says_it_cannot(tmp_path: Path, image:
     b = _backend(tmp_path)
     spec = LaunchSpec("6-0-0", 6, "w", "vision", "inference", ("sh",), {}, port=8000, project_id=5)
     member = Member("6-0-0", 5, "vision", b.workdir(6), tmp_path / "apps", True, 8000, 0, 0, image=image)
-    argv, _ = b.sandbox.argv(member, spec.argv)
+    argv, _ = b.sandbox.argv(member, spec.argv, 99)  # (it says why it cannot run, reading no environment)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == BUILD_FAILED
     assert done.stdout.startswith("gpupool: an image is honoured for batch and training work on the local backend")

@@ -10,6 +10,7 @@ import pytest
 
 from gpupool.backends.base import LaunchSpec
 from gpupool.backends.local import LocalBackend, discover
+from gpupool.backends.local.envs import loader_words
 from gpupool.backends.local.sandbox import Isolation, Limits, Member, Sandbox, probe
 
 UID_BASE = 1_900_000_000
@@ -23,6 +24,10 @@ def _member(tmp_path: Path, **kw: object) -> Member:
     }  # fmt: skip
     fields.update(kw)
     return Member(**fields)  # type: ignore[arg-type]
+
+
+ENV_FD = 99
+"""A member environment's descriptor, for tests that read the command's words without running it."""
 
 
 def _run(backend: LocalBackend, spec: LaunchSpec, timeout: float = 20.0) -> tuple[int | None, str]:
@@ -69,7 +74,7 @@ def test_cpu_and_memory_requests_become_cgroup_limits(tmp_path: Path) -> None:
     box = Sandbox(tmp_path / "data", isolation, UID_BASE)
     member = _member(tmp_path, cpu_milli=1500, memory_mib=256)
     box.prepare(member)
-    _argv, procs = box.argv(member, ("true",))
+    _argv, procs = box.argv(member, ("true",), ENV_FD)
     limits = {Path(p).parent.name for p in procs}
     # Named for the allocation and this server's data dir: another server on this host (in the same cgroup) has
     # an allocation 7-0-0 of its own, whose limits must not be these.
@@ -102,20 +107,20 @@ def test_a_member_over_its_memory_limit_is_killed(tmp_path: Path) -> None:
 
 def test_a_service_gets_a_network_of_its_own_bridged_to_its_app_socket(tmp_path: Path) -> None:
     box = Sandbox(tmp_path / "data", Isolation(True, Limits("advisory")), UID_BASE)
-    argv, _ = box.argv(_member(tmp_path, private_network=True, port=8000), ("serve",))
+    argv, _ = box.argv(_member(tmp_path, private_network=True, port=8000), ("serve",), ENV_FD)
     assert "--unshare-net" in argv
-    bridge = argv[argv.index("-c") + 1]
+    bridge = next(a for a in argv if a.startswith("socat "))
     assert bridge == (
         'socat UNIX-LISTEN:/run/gpupool/app.sock,fork,mode=600,unlink-early TCP:127.0.0.1:8000 & exec "$@"'
     )
     assert argv[-1] == "serve"
-    notebook, _ = box.argv(_member(tmp_path), ("lab",))
+    notebook, _ = box.argv(_member(tmp_path), ("lab",), ENV_FD)
     assert "--unshare-net" not in notebook and "socat" not in " ".join(notebook)
 
 
 def test_on_a_systemd_host_a_scope_carries_the_limits(tmp_path: Path) -> None:
     box = Sandbox(tmp_path / "data", Isolation(True, Limits("systemd")), UID_BASE)
-    argv, procs = box.argv(_member(tmp_path, cpu_milli=2500, memory_mib=1024), ("train",))
+    argv, procs = box.argv(_member(tmp_path, cpu_milli=2500, memory_mib=1024), ("train",), ENV_FD)
     assert procs == ()
     assert argv[: argv.index("--") + 1] == (
         "systemd-run", "--scope", "--quiet", "--collect", "--unit=gpupool-7-0-0", "--property=MemoryMax=1024M",
@@ -125,9 +130,10 @@ def test_on_a_systemd_host_a_scope_carries_the_limits(tmp_path: Path) -> None:
 
 def test_single_user_mode_runs_commands_as_they_are(tmp_path: Path) -> None:
     box = Sandbox(tmp_path / "data", probe(True), UID_BASE)
-    argv, procs = box.argv(_member(tmp_path), ("python", "train.py"))
-    # As they are, in a Python environment of their own (envs.py builds it, then runs them).
-    assert argv[argv.index("--") :] == ("--", "python", "train.py")
+    argv, procs = box.argv(_member(tmp_path), ("python", "train.py"), ENV_FD)
+    # As they are, in a Python environment of their own (envs.py builds it, then runs them with the member's
+    # environment, from its memfd).
+    assert argv[argv.index("--") :] == ("--", *loader_words(ENV_FD), "python", "train.py")
     assert procs == ()
     assert probe(True).summary()["identity"].startswith("advisory")
 

@@ -12,6 +12,7 @@ from typing import Any, Generic, Literal
 
 from pydantic import Field, JsonValue, field_validator
 
+from gpupool.models import imageref
 from gpupool.models.attempts import AttemptPublic, HistoryItem, RetryPolicy
 from gpupool.models.clusters import CLUSTER_LOST_AFTER_S, ClusterLostPolicy, ClusterLostPolicyPublic
 from gpupool.models.rightsizing import RightsizingAdvice
@@ -208,6 +209,14 @@ class WorkloadCreate(Wire):
     retry: RetryPolicy | None = None
     volumes: list[VolumeMount] = Field(default_factory=list, max_length=16)
     """The project's volumes it mounts, each at its own absolute path."""
+
+    @field_validator("image")
+    @classmethod
+    def _image_name(cls, v: str | None) -> str | None:
+        why = imageref.refused(v)
+        if why is not None:
+            raise ValueError(why)
+        return v
 
     @field_validator("model")
     @classmethod

@@ -30,6 +30,7 @@ from gpupool.backends.base import (
     Sample,
     VolumeSpec,
 )
+from gpupool.backends.local import envfd
 from gpupool.backends.local.apps import answers_http, apps_root
 from gpupool.backends.local.files import WorkdirFiles
 from gpupool.backends.local.gpus import Discovered
@@ -285,27 +286,36 @@ class LocalBackend:
         log_file = Path(self.log_path(spec.workload_id, spec.rank))
         log_file.parent.mkdir(parents=True, exist_ok=True)
         env, enforced = member_environment(spec, member, self.sandbox, self.gpus.uuids, self._mps)
-        if self.isolation.sandboxed:
-            with self._sandbox_lock:  # it rewrites a project's identity files, which its members share
-                argv, cgroups = self.sandbox.argv(member, spec.argv)
-        else:
-            argv, cgroups = self.sandbox.argv(member, spec.argv)
-        record = Record(tuple((d.index, d.milli, d.memory_mib) for d in spec.devices), enforced, grace_s=spec.grace_s)
-        with contextlib.suppress(FileNotFoundError):
-            self._dir.exit_path(spec.alloc_id).unlink()
-        self._dir.write_intent(spec.alloc_id, record)
-        failpoint("launch.before-start")
-        with open(log_file, "ab") as out:
-            proc = subprocess.Popen(
-                [*self._dir.wrapper(spec.alloc_id, cgroups), *argv],
-                cwd=member.workdir,
-                env=env,
-                stdin=lock_fd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
+        env_fd = envfd.seal_env(env)
+        try:
+            if self.isolation.sandboxed:
+                with self._sandbox_lock:  # it rewrites a project's identity files, which its members share
+                    argv, cgroups = self.sandbox.argv(member, spec.argv, env_fd)
+            else:
+                argv, cgroups = self.sandbox.argv(member, spec.argv, env_fd)
+            record = Record(
+                tuple((d.index, d.milli, d.memory_mib) for d in spec.devices), enforced, grace_s=spec.grace_s
             )
+            with contextlib.suppress(FileNotFoundError):
+                self._dir.exit_path(spec.alloc_id).unlink()
+            self._dir.write_intent(spec.alloc_id, record)
+            failpoint("launch.before-start")
+            with open(log_file, "ab") as out:
+                # Everything up to the member's own command runs as root: with the server's fixed environment
+                # only, the member's reaching its command through env_fd (envfd.py).
+                proc = subprocess.Popen(
+                    [*self._dir.wrapper(spec.alloc_id, cgroups), *argv],
+                    cwd=member.workdir,
+                    env=envfd.ROOT_ENV,
+                    stdin=lock_fd,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=(env_fd,),
+                )
+        finally:
+            os.close(env_fd)
         return proc, record
 
     def stop(self, alloc_id: str, force: bool) -> None:

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ SCHEMA = "1"
 """Part of every hash: bump it when how an environment is built changes."""
 _PASSED = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR")
 _TAIL_LINES = 12
+ENV_FD_MIN = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,8 @@ def plan(root: Path, workdir: Path, notebook: bool, python: str | None = None) -
     """The environment for a member working in `workdir`: keyed by what it installs and on what Python. `root` is
     its project's directory; one with nothing to install gets the shared empty environment beside it."""
     base = python or str(getattr(sys, "_base_executable", sys.executable))
-    sources = tuple(name for name in SOURCES if (workdir / name).is_file())
+    found = {name: _tenant_file(workdir / name) for name in SOURCES}
+    sources = tuple(name for name in SOURCES if found[name] is not None)
     extras = (_jupyterlab(),) if notebook else ()
     if not sources and not extras:
         root = root.parent / SHARED
@@ -77,8 +81,97 @@ def plan(root: Path, workdir: Path, notebook: bool, python: str | None = None) -
     for part in (SCHEMA, base, sys.version, *extras):
         digest.update(part.encode() + b"\0")
     for name in sources:
-        digest.update(name.encode() + b"\0" + (workdir / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + (found[name] or b"") + b"\0")
     return Plan(root / digest.hexdigest()[:32], base, sources, extras)
+
+
+MAX_SOURCE_BYTES = 1 << 20
+"""The most of a requirements file the server reads (as root, to key the environment): a larger one is refused."""
+
+
+class SourceError(Exception):
+    """A requirements file the server will not read: the message says why."""
+
+
+def _tenant_file(path: Path) -> bytes | None:
+    """A file of the member's working directory, read as the server may read a tenant's file: never through a link
+    (its target could be anything root can open: /proc/kmsg blocks, /dev/zero never ends), never a FIFO or a
+    device (opened without blocking, then refused), at most MAX_SOURCE_BYTES. None where there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SourceError(f"{path.name} is a symbolic link: the environment is built from a plain file") from e
+        raise SourceError(f"{path.name} cannot be read ({e.strerror})") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(f"{path.name} is not a plain file")
+        if st.st_size > MAX_SOURCE_BYTES:
+            raise SourceError(f"{path.name} is larger than {MAX_SOURCE_BYTES >> 20} MiB")
+        return os.read(fd, MAX_SOURCE_BYTES + 1)[:MAX_SOURCE_BYTES]
+    finally:
+        os.close(fd)
+
+
+def seal_env(env: dict[str, str], at: int | None = None) -> int:
+    """A sealed, read-only memfd holding a member's environment (JSON), not inheritable (pass it with pass_fds);
+    envfd.py says why. `at`: the descriptor number it must have (the builder replaces a member's memfd with an
+    edited one under the same number, which the rest of its words name); else one at ENV_FD_MIN or above, clear
+    of the descriptors the wrapper uses."""
+    fd = os.memfd_create("gpupool-env", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(json.dumps(env).encode())
+        while view:
+            view = view[os.write(fd, view) :]
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        if at is not None:
+            os.dup2(fd, at, inheritable=False)
+            os.close(fd)
+            return at
+        if fd < ENV_FD_MIN:
+            high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, ENV_FD_MIN)
+            os.close(fd)
+            return high
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+LOADER = (
+    "import json, os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "size = os.fstat(fd).st_size\n"
+    "env = json.loads(os.pread(fd, size, 0)) if size else {}\n"
+    "os.close(fd)\n"
+    "argv = sys.argv[2:]\n"
+    "try:\n"
+    "    os.execvpe(argv[0], argv, env)\n"
+    "except OSError as e:\n"
+    "    print(f'gpupool: {argv[0]}: {e.strerror}', file=sys.stderr, flush=True)\n"
+    "    sys.exit(127 if isinstance(e, FileNotFoundError) else 126)\n"
+)
+"""Runs the rest of its words with the environment in its memfd (argv[1]), which it closes first: the last step
+before a member's command, as the member's identity (envfd.py)."""
+
+
+def loader_words(fd: int) -> list[str]:
+    """This server's Python (which every sandbox shows its members) running LOADER, isolated and without site:
+    no variable or file of the member's changes what it runs."""
+    return [sys.executable, "-I", "-S", "-c", LOADER, str(fd)]
+
+
+def read_env(fd: int) -> dict[str, str]:
+    """The environment in a memfd made by seal_env, from its start (whoever read it before)."""
+    size = os.fstat(fd).st_size
+    value = json.loads(os.pread(fd, size, 0)) if size else {}
+    if not isinstance(value, dict):
+        raise ValueError("a member's environment is not a mapping")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def configure(root: Path, environ: dict[str, str]) -> None:
@@ -123,12 +216,15 @@ def builder_argv(
     inside: str | None,
     box: list[str],
     owner: int | None,
+    env_fd: int,
     init: tuple[str, ...] = (),
 ) -> list[str]:
     """The command that builds (or finds) the environment, puts it first on PATH, runs `init` (in the build's
     box) and then the rest of its words. `box` runs the build sandboxed (its environment seen at `inside`,
-    writable) as `owner`; empty: as it is."""
+    writable) as `owner`; empty: as it is. `env_fd`: the member's environment (seal_env), which it edits (its
+    PATH and VIRTUAL_ENV) and which `init` gets as the member does, through envfd's loader."""
     argv = [sys.executable, "-I", __file__, "--env", str(p.path), "--python", p.python, "--reason", str(reason_file)]
+    argv += ["--env-fd", str(env_fd)]
     argv += ["--strip", server_prefix, "--box", json.dumps(box), "--init", json.dumps(list(init))]
     if owner is not None:
         argv += ["--owner", str(owner)]
@@ -224,6 +320,7 @@ def main(args: list[str]) -> None:
     parser.add_argument("--box", default="[]")
     parser.add_argument("--owner", type=int, default=None)
     parser.add_argument("--init", default="[]")
+    parser.add_argument("--env-fd", type=int, required=True)
     parser.add_argument("rest", nargs=argparse.REMAINDER)
     ns = parser.parse_args(args)
     os.umask(0o022)
@@ -237,12 +334,16 @@ def main(args: list[str]) -> None:
         sys.exit(BUILD_FAILED)
     sys.stdout.flush()
     seen = ns.inside or str(ns.env)
-    os.environ["VIRTUAL_ENV"] = seen
-    os.environ["PATH"] = _path(f"{seen}/bin", os.environ.get("PATH", ""), ns.strip)
-    os.environ.pop("PYTHONHOME", None)
+    member = read_env(ns.env_fd)
+    member["VIRTUAL_ENV"] = seen
+    member["PATH"] = _path(f"{seen}/bin", member.get("PATH", ""), ns.strip)
+    member.pop("PYTHONHOME", None)
+    seal_env(member, at=ns.env_fd)
+    os.set_inheritable(ns.env_fd, True)
     init = json.loads(ns.init)
     if init:  # in the build's sandbox, which has the network where the member's own may not
-        code = subprocess.run([*json.loads(ns.box), *init], check=False).returncode
+        step = [*json.loads(ns.box), *loader_words(ns.env_fd), *init]
+        code = subprocess.run(step, check=False, pass_fds=(ns.env_fd,)).returncode
         if code != 0:
             message = f"its init command failed (exit status {code}): see its log"
             print(f"gpupool: {message}", flush=True)

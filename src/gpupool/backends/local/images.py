@@ -10,8 +10,15 @@ from the host's own storage only (`--pull=never`): nothing is fetched.
 The container is named after its allocation (`gpupool-<alloc>`), so a second start of one launch is refused by
 podman itself; `podman run` stays attached in the member's wrapper, so the wrapper's lock says whether it runs
 across a server restart (runs.py) and its exit status is the container's. The member's variables reach the
-container by name (`--env NAME`: podman takes the value from its own environment), never spelled out on a command
-line others can read. This file runs as a script to add those names (`python -I images.py ...`).
+container through an env-file that is a memfd of podman's own (`--env-file /proc/self/fd/N`), never spelled out on
+a command line others can read, and never in podman's environment: podman runs as root, and its environment
+chooses its configuration (CONTAINERS_CONF names the OCI runtime it runs as root). podman gets PODMAN_ENV alone.
+This file runs as a script to do that (`python -I images.py ...`), reading the member's environment from the
+memfd the launch gives it (envfd.py).
+
+An image is named plainly (`[registry/]name[:tag][@digest]`): a transport (`oci-archive:PATH`, `dir:PATH`,
+`docker-daemon:...`) would have root's podman load a file the tenant chose into the host's storage, under a name
+every project resolves.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
 import math
 import os
 import re
@@ -28,6 +36,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpupool.models.imageref import refused
 
 CANNOT_START = 97
 """The exit status of a member that never ran (as envs.BUILD_FAILED): its image cannot be used here."""
@@ -39,6 +49,11 @@ _CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 _NPROC_CAP = 32768
 """podman's monitor (conmon) runs with at most this many processes; a runtime cannot raise a container's limit
 above its own without CAP_SYS_RESOURCE, which a VM's or container's root may lack."""
+
+
+PODMAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+              "HOME": "/root"}  # fmt: skip
+"""podman's whole environment (root's configuration files, in their system places)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +97,12 @@ def global_options() -> list[str]:
     return out
 
 
-def argv(c: Container, command: tuple[str, ...]) -> tuple[str, ...]:
-    """The member's command: podman running `command` in its image (or, where it cannot, a line that says why)."""
+def argv(c: Container, command: tuple[str, ...], env_fd: int) -> tuple[str, ...]:
+    """The member's command: podman running `command` in its image (or, where it cannot, a line that says why),
+    with the member's environment from `env_fd` (envfd.py)."""
     exe = podman()
     why = c.unsupported or (None if exe is not None else "podman is not installed (scripts/system-deps installs it)")
+    why = why or refused(c.image)
     if why is not None or exe is None:
         say = f'echo "gpupool: $0"; printf "%s\\n" "$0" > "$1"; exit {CANNOT_START}'
         return ("/bin/sh", "-c", say, str(why), c.reason_file)
@@ -103,7 +120,7 @@ def argv(c: Container, command: tuple[str, ...]) -> tuple[str, ...]:
     if c.cpu_milli > 0:
         words.append(f"--cpus={c.cpu_milli / 1000:g}")
     words += _devices(c.devices)
-    return (sys.executable, "-I", __file__, str(len(words)), *words, c.image, *command)
+    return (sys.executable, "-I", __file__, str(env_fd), str(len(words)), *words, c.image, *command)
 
 
 def exec_argv(
@@ -213,12 +230,22 @@ def _cdi_has_nvidia() -> bool:
 
 
 def main(args: list[str]) -> None:
-    """Run podman with the member's variables passed by name; those given with a value (`-e K=V`) stand."""
-    count = int(args[0])
-    words, rest = args[1 : 1 + count], args[1 + count :]
+    """Run podman with PODMAN_ENV, the member's variables in an env-file of its own (a memfd); those given with a
+    value (`-e K=V`) stand. A variable whose value spans lines cannot be written there: the member says so and
+    does not start (a partial environment would run it wrongly)."""
+    env_fd, count = int(args[0]), int(args[1])
+    words, rest = args[2 : 2 + count], args[2 + count :]
     fixed = {w.split("=", 1)[0] for prev, w in itertools.pairwise(words) if prev in ("-e", "--env")}
-    names = sorted(k for k in os.environ if k not in _NOT_PASSED and k not in fixed)
-    os.execv(words[0], [*words, *(x for k in names for x in ("--env", k)), *rest])
+    size = os.fstat(env_fd).st_size
+    member = json.loads(os.pread(env_fd, size, 0)) if size else {}
+    os.close(env_fd)
+    lines = [f"{k}={v}" for k, v in sorted(member.items()) if k not in _NOT_PASSED and k not in fixed]
+    if any("\n" in line or "\r" in line for line in lines):
+        print("gpupool: an environment variable's value spans lines, which an image's environment cannot carry")
+        sys.exit(CANNOT_START)
+    file = os.memfd_create("gpupool-podman-env", 0)
+    os.write(file, "".join(f"{line}\n" for line in lines).encode())
+    os.execve(words[0], [*words, "--env-file", f"/proc/self/fd/{file}", *rest], PODMAN_ENV)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.backends.local import envs, images
+from gpupool.backends.local import envfd, envs, images, seccomp
+from gpupool.models import imageref
 
 APP_DIR_INSIDE = "/run/gpupool"
 APP_SOCKET = "app.sock"
@@ -95,6 +96,26 @@ def probe(single_user: bool) -> Isolation:
         raise SandboxError(
             f"bubblewrap cannot make namespaces on this host ({trial.stderr.strip() or trial.returncode}); "
             "a container needs CAP_SYS_ADMIN for it. Fix that, or pass --single-user"
+        )
+    try:
+        policy = seccomp.program()
+    except seccomp.Unsupported as e:
+        raise SandboxError(f"{e}: a sandbox here could not refuse the kernel's namespaces (pass --single-user)") from e
+    read, write = os.pipe()
+    try:
+        os.write(write, policy)  # a few hundred bytes: the pipe holds them
+        os.close(write)
+        test = "unshare -U true 2>/dev/null && exit 1; exit 0"
+        filtered = subprocess.run(
+            [*box[:-1], "--seccomp", str(read), "--", "/bin/sh", "-c", test],
+            capture_output=True, timeout=30, pass_fds=(read,), env=envfd.ROOT_ENV, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(read)
+    if filtered.returncode != 0:
+        raise SandboxError(
+            "bubblewrap's syscall policy does not hold on this host (a sandbox could make a user namespace); "
+            "gpupool will not run tenants there. Pass --single-user for one person's machine"
         )
     return Isolation(True, _limits())
 
@@ -190,6 +211,10 @@ class Sandbox:
         self._ids = data_dir / "identities"
         self._envs_root = data_dir / "envs"
         self._containers = data_dir / "containers"
+        self.policy = data_dir / "seccomp.bpf"
+        """The members' syscall policy (seccomp.py), for bubblewrap and for an exec (enter.py)."""
+        if isolation.sandboxed:
+            seccomp.write(self.policy)
         envs.configure(self._envs_root, dict(os.environ))
 
     def uid(self, project_id: int) -> int:
@@ -216,25 +241,32 @@ class Sandbox:
         user = f"gpupool-{member.project}"[:32]
         return {"HOME": str(member.workdir), "USER": user, "LOGNAME": user}
 
-    def argv(self, member: Member, argv: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def argv(self, member: Member, argv: tuple[str, ...], env_fd: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The command that runs `argv` sandboxed, and the cgroup.procs files the launcher joins first: in its
-        image through podman, or else in a Python environment of its own, built first where need be (envs.py)."""
+        image through podman, or else in a Python environment of its own, built first where need be (envs.py).
+        `env_fd`: the member's environment (envfd.py); every word before the member's own runs without it."""
         reason = self.data_dir / "run" / f"{member.alloc_id}.reason"
-        refused = self._mounts_refused(member)
+        notebook = member.kind == "notebook" or (argv[:1] == (sys.executable,) and argv[1:3] == ("-m", "jupyterlab"))
+        root = self._envs_root / str(member.project_id)
+        plan: envs.Plan | None = None
+        refused = self._mounts_refused(member) or imageref.refused(member.image)
+        if refused is None and member.image is None:
+            try:
+                plan = envs.plan(root, member.workdir, notebook)
+            except envs.SourceError as e:
+                refused = f"its Python environment cannot be built: {e}"
         if refused is not None:
             say = f'echo "gpupool: $0"; printf "%s\\n" "$0" > "$1"; exit {images.CANNOT_START}'
             return ("/bin/sh", "-c", say, refused, str(reason)), ()
-        if member.image is not None:
-            return images.argv(self._container(member, reason), argv), ()
-        notebook = member.kind == "notebook" or (argv[:1] == (sys.executable,) and argv[1:3] == ("-m", "jupyterlab"))
-        root = self._envs_root / str(member.project_id)
+        if member.image is not None or plan is None:
+            return images.argv(self._container(member, reason), argv, env_fd), ()
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        plan = envs.plan(root, member.workdir, notebook)
         seen = envs.INSIDE if self.isolation.sandboxed else str(plan.path)
         # A notebook runs the environment's Python (which has JupyterLab), never the server's.
-        inner = tuple(f"{seen}/bin/python" if a == sys.executable else a for a in argv[:1]) + argv[1:]
+        command = tuple(f"{seen}/bin/python" if a == sys.executable else a for a in argv[:1]) + argv[1:]
+        inner = (*envs.loader_words(env_fd), *command)
         if not self.isolation.sandboxed:
-            return (*envs.builder_argv(plan, reason, sys.prefix, None, [], None, member.init), *inner), ()
+            return (*envs.builder_argv(plan, reason, sys.prefix, None, [], None, env_fd, member.init), *inner), ()
         uid = self.uid(member.project_id)
         cache = str(root / ".uv-cache")
         if not os.path.isdir(cache):  # the build's box binds it, and a member with nothing to install made none
@@ -245,7 +277,9 @@ class Sandbox:
         build_box = self._box(
             member, ["--bind", str(plan.path), envs.INSIDE, "--bind", cache, envs.CACHE_INSIDE, *tools], False
         )
-        builder = envs.builder_argv(plan, reason, sys.prefix, envs.INSIDE, [*build_box, *drop(uid)], uid, member.init)
+        builder = envs.builder_argv(
+            plan, reason, sys.prefix, envs.INSIDE, [*build_box, *drop(uid)], uid, env_fd, member.init
+        )
         box = self._box(member, ["--ro-bind", str(plan.path), envs.INSIDE], member.private_network)
         if member.private_network and member.port is not None:
             # The service listens on its port inside its own network; only the app socket leads there.
@@ -253,14 +287,16 @@ class Sandbox:
                 f"socat UNIX-LISTEN:{APP_DIR_INSIDE}/{APP_SOCKET},fork,mode=600,unlink-early "
                 f'TCP:127.0.0.1:{member.port} & exec "$@"'
             )
-            inner = ("/bin/sh", "-c", bridge, "gpupool-app", *inner)
+            inner = (*envs.loader_words(env_fd), "/bin/sh", "-c", bridge, "gpupool-app", *command)
         # The build is the member's work too: within its scope's limits, as within its cgroups.
         return (*self.systemd_prefix(member), *builder, *box, *drop(uid), *inner), self._cgroup(member)
 
     def _box(self, member: Member, binds: list[str], private_network: bool) -> list[str]:
         """bubblewrap's words for a member's views (see the module's docstring), with `binds` added."""
         passwd, group = self._identity_files(member)
-        box = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        # bubblewrap reads the syscall policy (seccomp.py) from a descriptor: the shell opens the server's file.
+        box = ["/bin/sh", "-c", 'exec "$@" 9<"$0"', str(self.policy), "bwrap", "--seccomp", "9"]
+        box += ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         box += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
         for scratch in ("/tmp", "/var/tmp", "/dev/shm"):  # private, and writable as a /tmp should be
             box += ["--perms", "1777", "--tmpfs", scratch]  # fmt: skip

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpupool.backends.local import envs, images
+from gpupool.backends.local import enter, envs, images
 from gpupool.backends.local.runs import RunDir
 from gpupool.backends.local.sandbox import drop
 from gpupool.backends.local.telemetry import Proc, processes, tree
@@ -74,32 +74,37 @@ class LocalShells:
         wrapper = self._wrapper(target)
         if self.backend.sandbox.in_container(target.alloc_id):
             return self._exec_in_image(loop, target, argv, tty, size)
-        inner = self._inside(target, wrapper) if self.sandboxed else _first_child(wrapper)
+        if self.sandboxed:
+            box = self._inside(target, wrapper)
+            inner = self._member_process(target, box)
+        else:
+            box = inner = _first_child(wrapper)
         spec = {"cwd": str(self.backend.workdir(target.workload_id)), "argv": argv, "env": _environ(inner)}
         memfd = os.memfd_create("gpupool-exec", 0)  # not inheritable: passed to the launcher alone
         master = slave = None
         try:
             os.write(memfd, _json(spec))
             os.lseek(memfd, 0, os.SEEK_SET)
-            launcher = [sys.executable, "-I", "-c", _LAUNCHER, str(memfd)]
             if tty:
-                master, slave = self._pty(inner)
+                master, slave = self._pty(box)
                 _set_size(slave, size)
             if self.sandboxed:
+                # The server's own Python and enter.py, from the host: nothing is looked up in the member's view
+                # until the process is the member's identity (enter.py says why).
                 uid = self.backend.sandbox.uid(target.project_id)
-                enter = ["nsenter", f"--target={inner}", "--mount", "--pid", "--ipc", "--uts", "--net", "--root"]
-                cmd = [*enter, *drop(uid), *launcher]
+                policy = str(self.backend.sandbox.policy)
+                cmd = [sys.executable, "-I", "-S", enter.__file__, str(box), str(uid), str(memfd), policy]
                 cmd = [
                     "/bin/sh",
                     "-c",
                     _JOIN_CGROUPS,
                     "gpupool-exec",
-                    *_cgroups(inner, self.backend.sandbox.cgroup_name(target.alloc_id)),
+                    *_cgroups(box, self.backend.sandbox.cgroup_name(target.alloc_id)),
                     "--",
                     *cmd,
                 ]
             else:
-                cmd = launcher
+                cmd = [sys.executable, "-I", "-c", _LAUNCHER, str(memfd)]
             proc = _spawn(cmd, slave, (memfd,))
         except BaseException:
             if master is not None:
@@ -203,23 +208,38 @@ class LocalShells:
         return os.geteuid(), os.getegid()
 
     def _inside(self, target: ShellTarget, wrapper: int) -> int:
-        """The member's outermost process that runs inside its sandbox as its project's uid: the namespaces and
-        environment an exec joins."""
-        uid = self.backend.sandbox.uid(target.project_id)
+        """The member's sandbox's first process: bubblewrap's own (root's), which made the sandbox's namespaces
+        and which nothing of the member's can move to others. An exec joins its namespaces and root, never those
+        of a process of the member's (which could have made its own)."""
         outer = _ns(wrapper)
         procs = processes()
         children: dict[int, list[int]] = {}
         for p in procs.values():
             children.setdefault(p.ppid, []).append(p.pid)
         level = [wrapper]
-        while level:  # breadth first: the shallowest match is the member itself, not one of its children
+        while level:  # breadth first: the shallowest in another PID namespace is the sandbox's first
             for pid in sorted(level):
-                if _ns(pid) not in (None, outer) and _uid(pid) == uid:
+                if _ns(pid) not in (None, outer):
                     if _building(procs, pid, wrapper):
                         raise ShellError(
                             f"{target.workload} (rank {target.rank}) is still building its Python environment; "
                             "try again once it has started"
                         )
+                    return pid
+            level = [c for pid in level for c in children.get(pid, ())]
+        raise ShellError(f"{target.workload} (rank {target.rank}) has not started its command yet; try again")
+
+    def _member_process(self, target: ShellTarget, box: int) -> int:
+        """The member's first process of its own (its project's uid) under the sandbox's first: whose environment
+        an exec is given (read as data only)."""
+        uid = self.backend.sandbox.uid(target.project_id)
+        children: dict[int, list[int]] = {}
+        for p in processes().values():
+            children.setdefault(p.ppid, []).append(p.pid)
+        level = [box]
+        while level:  # breadth first: the member itself, not one of its children
+            for pid in sorted(level):
+                if _uid(pid) == uid:
                     return pid
             level = [c for pid in level for c in children.get(pid, ())]
         raise ShellError(f"{target.workload} (rank {target.rank}) has not started its command yet; try again")
