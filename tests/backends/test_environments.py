@@ -87,7 +87,7 @@ def build_image(root: Path, tag: str = IMAGE) -> str:
     """A tiny image made here: Debian's busybox-static, FROM scratch."""
     (root / "bin").mkdir()
     shutil.copy(shutil.which("busybox") or "/bin/busybox", root / "bin" / "busybox")
-    for applet in ("sh", "id", "env", "echo", "grep", "cat", "touch", "sleep"):
+    for applet in ("sh", "id", "env", "echo", "grep", "cat", "touch", "sleep", "unshare"):
         (root / "bin" / applet).symlink_to("busybox")
     (root / "Containerfile").write_text('FROM scratch\nCOPY bin /bin\nCMD ["/bin/sh"]\n')
     podman = [shutil.which("podman") or "podman", *images_mod.global_options()]
@@ -116,7 +116,8 @@ def test_an_image_runs_confined_with_its_gpu_variables(tmp_path: Path, image: st
         'id -u; id -g; echo "cuda=$CUDA_VISIBLE_DEVICES"; echo "nvidia=$NVIDIA_VISIBLE_DEVICES"; '
         'echo "w=$GPUPOOL_WORKLOAD"; '
         'echo "secret=$TOKEN"; echo "home=$HOME"; grep ^CapEff /proc/self/status; touch /x 2>/dev/null || echo ro; '
-        "echo hi > out && cat out; cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+        "echo hi > out && cat out; cat /sys/fs/cgroup/memory/memory.limit_in_bytes; "
+        "unshare -U true 2>/dev/null || echo no-userns"  # the members' syscall policy, not podman's default
     )
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "GPU-1", "TOKEN": "s3"}
     env["GPUPOOL_WORKLOAD"] = "w"
@@ -131,7 +132,7 @@ def test_an_image_runs_confined_with_its_gpu_variables(tmp_path: Path, image: st
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         uid, uid, "cuda=1", "nvidia=GPU-1", "w=w", "secret=s3", f"home={member.workdir}",
-        "CapEff:\t0000000000000000", "ro", "hi", str(256 * 1024 * 1024),
+        "CapEff:\t0000000000000000", "ro", "hi", str(256 * 1024 * 1024), "no-userns",
     ]  # fmt: skip
 
 

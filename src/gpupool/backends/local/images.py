@@ -73,6 +73,8 @@ class Container:
     """Where a member that cannot start writes why (its run dir's reason file: see runs.py)."""
     mounts: tuple[tuple[str, str, bool], ...] = ()
     """Project volumes: (host directory, path inside, read-only), bound as the sandbox binds them."""
+    seccomp: str | None = None
+    """The members' syscall policy as an OCI profile (seccomp.py): podman's default allows namespaces."""
 
 
 def name(alloc_id: str, data_dir: Path) -> str:
@@ -109,6 +111,8 @@ def argv(c: Container, command: tuple[str, ...], env_fd: int) -> tuple[str, ...]
     # -i: the container's stdin is the member's (the wrapper's FIFO, which never ends), so attach reaches it.
     words = [exe, *global_options(), "run", "--rm", "-i", "--name", c.name, "--pull=never", "--log-driver=none"]
     words += ["--user", f"{c.uid}:{c.gid}", "--cap-drop=all", "--security-opt=no-new-privileges", "--read-only"]
+    if c.seccomp is not None:
+        words.append(f"--security-opt=seccomp={c.seccomp}")
     words += ["--network=host", "-v", f"{c.workdir}:{c.workdir}", "-w", c.workdir, "-e", f"HOME={c.workdir}"]
     for source, inside, read_only in c.mounts:
         # The volume's directory is the project's uid's alone (700), the container runs as that uid: the same

@@ -213,8 +213,11 @@ class Sandbox:
         self._containers = data_dir / "containers"
         self.policy = data_dir / "seccomp.bpf"
         """The members' syscall policy (seccomp.py), for bubblewrap and for an exec (enter.py)."""
+        self.image_policy = data_dir / "seccomp.json"
+        """The same policy for podman, for members in an image."""
         if isolation.sandboxed:
             seccomp.write(self.policy)
+            seccomp.write_oci(self.image_policy)
         envs.configure(self._envs_root, dict(os.environ))
 
     def uid(self, project_id: int) -> int:
@@ -356,6 +359,7 @@ class Sandbox:
             unsupported=_unsupported_in_image(member),
             reason_file=str(reason),
             mounts=member.mounts,
+            seccomp=str(self.image_policy) if self.isolation.sandboxed else None,
         )
 
     def runs_python(self, module: str) -> bool:

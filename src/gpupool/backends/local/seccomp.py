@@ -21,6 +21,7 @@ namespace and identity): a member may debug its own processes, and sees no other
 from __future__ import annotations
 
 import errno
+import json
 import os
 import platform
 import struct
@@ -115,6 +116,33 @@ def program(machine: str | None = None) -> bytes:
     ]
     # jset's targets: deny (2 ahead counting from the next instruction: allow, deny) -> jt=1 skips allow.
     return b"".join(struct.pack("<HBBI", *i) for i in (*head, *body, *tail))
+
+
+def oci_profile(machine: str | None = None) -> dict[str, object]:
+    """The same policy as an OCI seccomp profile (the JSON podman's `--security-opt seccomp=` reads), so a member
+    in an image is refused what a member without one is: podman's own default profile allows unshare, setns,
+    mount and clone with namespace flags, for nested containers."""
+    arch = machine or platform.machine()
+    if arch not in ARCHES:
+        raise Unsupported(f"no syscall policy for {arch} (x86_64 and aarch64 have one)")
+    names = sorted(set(ARCHES[arch][1]))
+    deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
+    rules: list[dict[str, object]] = [{"names": names, **deny}, {"names": ["clone3"], "action": "SCMP_ACT_ERRNO",
+                                                                 "errnoRet": errno.ENOSYS}]  # fmt: skip
+    for bit in (1 << b for b in range(32) if CLONE_NEW & (1 << b)):  # denied where any namespace bit is set
+        arg = {"index": 0, "value": bit, "valueTwo": bit, "op": "SCMP_CMP_MASKED_EQ"}
+        rules.append({"names": ["clone"], "args": [arg], **deny})
+    return {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": rules}
+
+
+def write_oci(path: Path) -> Path:
+    """oci_profile in a file of the server's, for podman (which runs as root)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(oci_profile(), f)
+    tmp.replace(path)
+    return path
 
 
 def write(path: Path) -> Path:
