@@ -236,6 +236,16 @@ def test_a_requirements_file_that_is_a_link_or_a_fifo_is_refused_without_being_o
         envs.plan(tmp_path / "envs", work, False)
 
 
+def test_the_ready_mark_is_never_made_through_a_link_the_projects_build_left(tmp_path: Path) -> None:
+    """A package's setup.py, run in the build, links the mark to a file of root's choosing (/etc/nologin)."""
+    env, target = tmp_path / "env", tmp_path / "etc-nologin"
+    env.mkdir()
+    (env / envs.READY).symlink_to(target)
+    envs.mark_ready(env)
+    assert not target.exists()
+    assert (env / envs.READY).is_file() and not (env / envs.READY).is_symlink()
+
+
 def _tree(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):

@@ -299,12 +299,16 @@ def build(b: Build, echo: bool = True) -> None:
                 tail = "\n".join(text.strip().splitlines()[-_TAIL_LINES:])
                 what = " and ".join(b.sources) if b.sources else "nothing (an empty environment)"
                 raise BuildError(f"its Python environment could not be built from {what} (uv: {tail})")
-        # The environment was the project's to write while it built (a package's setup.py ran there): whatever
-        # it left at READY goes, and root makes the mark new, never through a link it planted.
-        ready = env / READY
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(ready)
-        os.close(os.open(ready, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+        mark_ready(env)
+
+
+def mark_ready(env: Path) -> None:
+    """Mark a built environment complete. It was the project's to write while it built (a package's setup.py ran
+    there): whatever it left at READY goes, and root makes the mark new, never through a link it planted."""
+    ready = env / READY
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(ready)
+    os.close(os.open(ready, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
 
 
 def _path(env_bin: str, path: str, strip: str) -> str:
