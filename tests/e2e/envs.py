@@ -72,6 +72,9 @@ def mlflow_server(root: Path) -> Iterator[str]:
                 return False
 
         wait_for(up, 120, "the MLflow server")
+        # Its store is made (its tables migrated) on the first request that reads it, which can take longer than
+        # gpupool's 5 s for a run on a loaded machine: made here, before any test asks for a run.
+        httpx.get(f"{url}/api/2.0/mlflow/experiments/search", params={"max_results": 1}, timeout=120).raise_for_status()
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the server and the uvicorn it starts

@@ -19,7 +19,7 @@ from tests.e2e.conftest import Server, Servers, wait_for
 from tests.e2e.test_portal import admin_page
 from tests.kubernetes.cluster import Cluster, binaries
 
-HEARTBEAT = {"GPUPOOL_CLUSTER_HEARTBEAT_S": "0.5", "GPUPOOL_CLUSTER_DOWN_AFTER_S": "3"}
+HEARTBEAT = {"GPUPOOL_CLUSTER_HEARTBEAT_S": "0.5", "GPUPOOL_CLUSTER_DOWN_AFTER_S": "5"}
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,9 @@ class Health:
     since: float
     """When this server began to reach it (unix seconds): a hub that was itself down does not count that time."""
     error: str | None = None
+    tried: bool = True
+    """An attempt to reach it has ended, either way. Until then it is neither up nor down: the first one builds its
+    client and waits for its pods to be listed, which a loaded hub may take longer than the down threshold for."""
 
 
 def spoke_of(node: str) -> str | None:
@@ -80,6 +83,7 @@ class Spoke:
         self.last_seen: float | None = None
         self.since = time.time()
         self.error: str | None = None
+        self.tried = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"gpupool-spoke-{config.name}", daemon=True)
 
@@ -113,6 +117,7 @@ class Spoke:
                 log.info("cluster %s reached: %d node(s)", self.config.name, len(nodes))
             if changed and was:  # its nodes (or what of them is free of other schedulers' pods) changed
                 self._on_change()
+        self.tried = True
         if was != self.reached:
             self._on_change()
 
@@ -217,7 +222,7 @@ class Fleet:
 
     def spoke_health(self) -> dict[str, Health]:
         with self._lock:
-            return {n: Health(s.reached, s.last_seen, s.since, s.error) for n, s in self._spokes.items()}
+            return {n: Health(s.reached, s.last_seen, s.since, s.error, s.tried) for n, s in self._spokes.items()}
 
     def spoke(self, name: str) -> Spoke | None:
         with self._lock:

@@ -86,6 +86,8 @@ class Clusters:
                 if h.last_seen is not None and now - (row.last_seen_at or 0.0) >= SEEN_EVERY_S:
                     row.last_seen_at = h.last_seen
                 continue
+            if not h.tried and row.status != ClusterStatus.DOWN:
+                continue  # its first try is in flight (the try ends: its calls have timeouts)
             if row.status == ClusterStatus.DOWN:
                 down[row.name] = row.down_since if row.down_since is not None else now
                 continue

@@ -55,6 +55,8 @@ from gpupool.backends.kubernetes.volumes import claim_manifest, claim_name
 from gpupool.core import Node
 
 log = logging.getLogger("gpupool.kubernetes")
+INVENTORY_TIMEOUT = (10, 30)
+"""(connect, read) seconds for reading the nodes: a hub's heartbeat of a spoke ends, whatever its network does."""
 
 SERVER_IMAGE = f"ghcr.io/gpupool/gpupool:{__version__}"
 """The server's own image, as deploy/kubernetes and the Helm chart name it: it has gpupool's client."""
@@ -146,7 +148,7 @@ class KubernetesBackend:
         out = []
         seen = set()
         models: dict[str, str] = {}
-        for item in self.core.list_node().items:
+        for item in self.core.list_node(_request_timeout=INVENTORY_TIMEOUT).items:
             obj = self._to_dict(item)
             name = obj["metadata"]["name"]
             seen.add(name)
