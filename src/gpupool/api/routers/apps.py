@@ -33,6 +33,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
 from gpupool.api.deps import Context, plausible_token, principal_of
+from gpupool.backends import appsock
 from gpupool.backends.base import AppEndpoint
 from gpupool.services import apps, tokens
 from gpupool.services.auth import Principal
@@ -245,9 +246,6 @@ async def app_http(request: Request, project: str, name: str, rest: str) -> Resp
         target, endpoint = await _target(ctx, who, project, name)
     except ServiceError as e:
         return _refusal(e)
-    transport = httpx.AsyncHTTPTransport(uds=endpoint.uds) if endpoint.uds else httpx.AsyncHTTPTransport()
-    client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(60.0, connect=5.0))
-    base = "http://app" if endpoint.uds else f"http://{endpoint.host}:{endpoint.port}"
     headers = _forward_headers(request.headers, frozenset())
     headers["host"] = request.headers.get("host", "localhost")
     if target.app_token:
@@ -255,21 +253,30 @@ async def app_http(request: Request, project: str, name: str, rest: str) -> Resp
     client_host = request.client.host if request.client else ""
     headers.update({"x-forwarded-for": client_host, "x-forwarded-proto": request.url.scheme,
                     "x-forwarded-prefix": target.prefix.rstrip("/")})  # fmt: skip
-    upstream_req = client.build_request(
-        request.method,
-        base + _upstream_path(target, request.url.path, request.url.query),
-        headers=headers,
-        content=request.stream(),
-    )
+    client: httpx.AsyncClient | None = None
     try:
-        upstream = await client.send(upstream_req, stream=True)
-    except httpx.HTTPError:
-        await client.aclose()
+        # A member's socket is reached through a descriptor of it, never by a name whose links the tenant sets:
+        # the descriptor is open while the connection is made (on send).
+        with appsock.pinned(endpoint.uds) if endpoint.uds else contextlib.nullcontext() as uds:
+            transport = httpx.AsyncHTTPTransport(uds=uds) if uds else httpx.AsyncHTTPTransport()
+            client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(60.0, connect=5.0))
+            base = "http://app" if uds else f"http://{endpoint.host}:{endpoint.port}"
+            upstream_req = client.build_request(
+                request.method,
+                base + _upstream_path(target, request.url.path, request.url.query),
+                headers=headers,
+                content=request.stream(),
+            )
+            upstream = await client.send(upstream_req, stream=True)
+    except (httpx.HTTPError, OSError):
+        if client is not None:
+            await client.aclose()
         return JSONResponse({"detail": f"{project}/{name} is not answering"}, 502)
+    opened = client
 
     async def close() -> None:
         await upstream.aclose()
-        await client.aclose()
+        await opened.aclose()
 
     dropped = (_HOP - {"content-length"}) | _OURS_TO_SET
     answer = StreamingResponse(_body(upstream), status_code=upstream.status_code, background=BackgroundTask(close))
@@ -313,8 +320,9 @@ async def app_websocket(websocket: WebSocket, project: str, name: str, rest: str
     protocols = [Subprotocol(p.strip()) for p in asked if p.strip()] or None
     try:
         if endpoint.uds:
+            sock = await run_in_threadpool(appsock.connect, endpoint.uds, 10.0)  # the member's, its peer checked
             upstream = await unix_connect(
-                endpoint.uds, f"ws://{host or 'localhost'}{path}", additional_headers=headers,
+                None, f"ws://{host or 'localhost'}{path}", sock=sock, additional_headers=headers,
                 subprotocols=protocols, max_size=None, open_timeout=10,
             )  # fmt: skip
         else:

@@ -8,6 +8,7 @@ import os
 import socket
 from pathlib import Path
 
+from gpupool.backends import appsock
 from gpupool.backends.base import AppEndpoint
 
 
@@ -16,15 +17,12 @@ def answers_http(endpoint: AppEndpoint, timeout_s: float = 0.5) -> bool:
     (a bridge whose service is not listening yet) does not count."""
     with contextlib.suppress(OSError):
         if endpoint.uds is not None:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.settimeout(timeout_s)
-            target: str | tuple[str, int] = endpoint.uds
+            conn = appsock.connect(endpoint.uds, timeout_s)  # the member's own socket, never what it links to
         else:
             conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             conn.settimeout(timeout_s)
-            target = (endpoint.host or "127.0.0.1", int(endpoint.port or 0))
+            conn.connect((endpoint.host or "127.0.0.1", int(endpoint.port or 0)))
         with conn:
-            conn.connect(target)
             conn.sendall(b"HEAD / HTTP/1.0\r\nHost: localhost\r\n\r\n")
             return conn.recv(5) == b"HTTP/"
     return False
