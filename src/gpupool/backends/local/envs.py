@@ -25,6 +25,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
@@ -44,7 +45,17 @@ READY = ".gpupool-ready"
 SOURCES = ("requirements.txt", "pyproject.toml")
 SCHEMA = "1"
 """Part of every hash: bump it when how an environment is built changes."""
-_PASSED = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR")
+_PASSED = frozenset({
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    # uv's settings that say where and how to fetch, never who: its credentials (UV_INDEX_<NAME>_PASSWORD,
+    # UV_PUBLISH_TOKEN, ...) are not among them.
+    "UV_INDEX", "UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS", "UV_NO_INDEX",
+    "UV_INDEX_STRATEGY", "UV_OFFLINE", "UV_NATIVE_TLS", "UV_INSECURE_HOST", "UV_HTTP_TIMEOUT", "UV_REQUEST_TIMEOUT",
+    "UV_HTTP_RETRIES", "UV_CONCURRENT_DOWNLOADS", "UV_CONCURRENT_BUILDS", "UV_CONCURRENT_INSTALLS", "UV_PRERELEASE",
+    "UV_RESOLUTION", "UV_EXCLUDE_NEWER", "UV_NO_BINARY", "UV_NO_BUILD", "UV_COMPILE_BYTECODE", "UV_TORCH_BACKEND",
+})  # fmt: skip
+"""What of the server's environment a project's build gets. The build runs the project's own code (an sdist's
+setup.py), so whatever it is given, the tenant can read: nothing that names a credential."""
 _TAIL_LINES = 12
 ENV_FD_MIN = 10
 
@@ -180,8 +191,11 @@ def configure(root: Path, environ: dict[str, str]) -> None:
     readable by the server alone, since a proxy's address may carry a password."""
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o755)  # the environments in it are for the members to read (a sandbox binds its own alone)
-    # Not UV_CACHE_DIR: each project's cache is its own (a shared one would let one project poison another's).
-    passed = {k: v for k, v in environ.items() if (k.startswith("UV_") or k.upper() in _PASSED) and k != "UV_CACHE_DIR"}
+    passed, withheld = build_environ(environ)
+    if withheld:
+        logging.getLogger("gpupool.envs").warning(
+            "withheld from projects' environment builds, which run the project's code: %s", ", ".join(withheld)
+        )
     # Copies: the cache and the environment are separate mounts in a build's sandbox, which no hard link crosses.
     passed |= {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1", "UV_LINK_MODE": "copy"}
     text = json.dumps({"uv": find_uv(), "env": passed})
@@ -194,10 +208,43 @@ def configure(root: Path, environ: dict[str, str]) -> None:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             tmp.replace(path)
-    shared = plan(root / SHARED, Path("/nonexistent"), False)
     with contextlib.suppress(BuildError, OSError):  # no uv, no room: each member says so when it starts
-        shared.path.parent.mkdir(mode=0o755, exist_ok=True)
-        build(Build(shared.path, shared.python, [], [], [], None, None), echo=False)
+        ensure_shared(plan(root / SHARED, Path("/nonexistent"), False))
+
+
+def ensure_shared(p: Plan) -> None:
+    """The shared empty environment, made by the server alone: every project runs it, so one that a project's
+    build had made (or written into) could run that project's code in everyone's work. One not the server's own
+    is made anew. Raises BuildError or OSError where it cannot be made."""
+    p.path.parent.mkdir(mode=0o755, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if os.lstat(p.path).st_uid != os.geteuid() or os.lstat(p.path / READY).st_uid != os.geteuid():
+            shutil.rmtree(p.path)
+    build(Build(p.path, p.python, [], [], [], None, None), echo=False)
+
+
+def build_environ(environ: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What of `environ` a project's build gets, and the names withheld: any other uv setting (UV_CACHE_DIR too:
+    each project's cache is its own, as a shared one would let one project poison another's), and a setting whose
+    URL carries a user or password (a proxy's, a private index's)."""
+    passed: dict[str, str] = {}
+    withheld: list[str] = []
+    for name, value in sorted(environ.items()):
+        known = name.upper() in _PASSED
+        if not known and not name.startswith("UV_"):
+            continue
+        if known and not _carries_credentials(value):
+            passed[name] = value
+        else:
+            withheld.append(name)
+    return passed, withheld
+
+
+def _carries_credentials(value: str) -> bool:
+    for word in value.replace(",", " ").split():
+        if "://" in word and "@" in word.split("://", 1)[1].split("/", 1)[0]:
+            return True
+    return False
 
 
 def find_uv() -> str | None:

@@ -254,3 +254,9 @@ def main(args: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def cannot_start(why: str, reason: Path) -> tuple[str, ...]:
+    """A launch that only says why it cannot start, in its log and its reason file, and exits CANNOT_START."""
+    say = f'echo "gpupool: $0"; printf "%s\\n" "$0" > "$1"; exit {CANNOT_START}'
+    return ("/bin/sh", "-c", say, why, str(reason))
