@@ -190,29 +190,37 @@ def a_view_with_its_own_tools() -> Iterator[tuple[int, Path]]:
 POLICY = Path(tempfile.gettempdir()) / "gpupool-test-policy.bpf"
 
 
+def _enter(target: str, spec: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    """enter.py as the server runs it, into `target` (PID:START) as uid 4321."""
+    fd = os.memfd_create("spec", 0)
+    try:
+        os.write(fd, json.dumps(spec).encode())
+        return subprocess.run(
+            [sys.executable, "-I", "-S", enter.__file__, target, "4321", str(fd), str(POLICY)],
+            capture_output=True, text=True, pass_fds=(fd,), env=envfd.ROOT_ENV, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+
+
 def test_entering_a_view_resolves_nothing_of_it_until_the_identity_is_the_members(
     a_view_with_its_own_tools: tuple[int, Path],
 ) -> None:
     pid, marker = a_view_with_its_own_tools
     seccomp.write(POLICY)
     spec = {"cwd": "/", "argv": ["/usr/bin/id", "-u"], "env": {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/bin"}}
-    fd = os.memfd_create("spec", 0)
-    os.write(fd, json.dumps(spec).encode())
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", enter.__file__, str(pid), "4321", str(fd), str(POLICY)],
-        capture_output=True, text=True, pass_fds=(fd,), env=envfd.ROOT_ENV, check=False,
-    )  # fmt: skip
-    os.close(fd)
+    done = _enter(f"{pid}:{enter.start_time(pid)}", spec)
     assert (done.returncode, done.stdout, done.stderr) == (0, "4321\n", "")
     assert not marker.exists()
     # The tenant's own tools still run, as the tenant, when it names them.
-    spec["argv"] = ["setpriv", "-d"]
-    fd = os.memfd_create("spec", 0)
-    os.write(fd, json.dumps(spec).encode())
-    subprocess.run([sys.executable, "-I", "-S", enter.__file__, str(pid), "4321", str(fd), str(POLICY)], pass_fds=(fd,),
-                   env=envfd.ROOT_ENV, capture_output=True, check=False)  # fmt: skip
-    os.close(fd)
+    _enter(f"{pid}:{enter.start_time(pid)}", spec | {"argv": ["setpriv", "-d"]})
     assert marker.read_text() == "4321\n"
+    # The pid of a process that ended names another by now: the start time the server found tells them apart.
+    marker.unlink()
+    stale = _enter(f"{pid}:{enter.start_time(pid) - 1}", spec | {"argv": ["setpriv", "-d"]})
+    ended = "gpupool exec: cannot enter the member (the member's sandbox has ended)\n"
+    assert (stale.returncode, stale.stdout, stale.stderr) == (126, "", ended)
+    assert not marker.exists()
 
 
 def test_the_policy_refuses_namespaces_for_root_too_and_runs_an_ordinary_program(tmp_path: Path) -> None:
@@ -270,3 +278,66 @@ def _environ(pid: int) -> dict[str, str]:
 
 def _cmd(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
+def test_a_build_gets_where_to_fetch_from_never_a_credential() -> None:
+    server = {
+        "HTTPS_PROXY": "http://proxy.corp:3128",
+        "HTTP_PROXY": "http://ops:hunter2@proxy.corp:3128",  # a password in the proxy's address
+        "UV_INDEX_URL": "https://pypi.corp/simple",
+        "UV_EXTRA_INDEX_URL": "https://pypi.org/simple https://bot:tok@private.corp/simple",
+        "UV_INDEX_PRIVATE_PASSWORD": "s3cret",
+        "UV_PUBLISH_TOKEN": "pypi-abc",
+        "UV_CACHE_DIR": "/var/cache/uv",
+        "AWS_SECRET_ACCESS_KEY": "nope",
+        "SSL_CERT_FILE": "/etc/ssl/corp.pem",
+    }
+    passed, withheld = envs.build_environ(server)
+    assert passed == {
+        "HTTPS_PROXY": "http://proxy.corp:3128",
+        "SSL_CERT_FILE": "/etc/ssl/corp.pem",
+        "UV_INDEX_URL": "https://pypi.corp/simple",
+    }
+    assert withheld == [
+        "HTTP_PROXY", "UV_CACHE_DIR", "UV_EXTRA_INDEX_URL", "UV_INDEX_PRIVATE_PASSWORD", "UV_PUBLISH_TOKEN"
+    ]  # fmt: skip
+
+
+def test_the_shared_environment_is_the_servers_alone_and_one_a_project_made_is_made_anew(tmp_path: Path) -> None:
+    root = tmp_path / "envs"
+    envs.configure(root, {})
+    shared = envs.plan(root / envs.SHARED, Path("/nonexistent"), False)
+    assert (shared.path / envs.READY).exists() and shared.path.stat().st_uid == os.geteuid()
+    # As an older server left it where a project's launch built it: the project's, with its code where all run it.
+    tenant = 1_900_000_777
+    planted = next(shared.path.glob("lib/python*/site-packages")) / "sitecustomize.py"
+    planted.write_text("print('the tenant runs in every project')\n")
+    for path in (shared.path, planted, shared.path / envs.READY):
+        os.chown(path, tenant, tenant)
+    envs.ensure_shared(shared)
+    assert not planted.exists()
+    assert shared.path.stat().st_uid == os.geteuid() and (shared.path / envs.READY).stat().st_uid == os.geteuid()
+
+
+def test_a_volumes_mount_point_is_made_through_no_link_in_root_owned_directories_and_never_in_the_hosts_trees(
+    tmp_path: Path,
+) -> None:
+    from gpupool.backends.local import mountpoints
+    from gpupool.services.volumes import path_refused
+
+    mountpoints.make(str(tmp_path / "data" / "set"))
+    assert (tmp_path / "data" / "set").is_dir() and (tmp_path / "data" / "set").stat().st_uid == 0
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(OSError, match="link is a link or a file"):
+        mountpoints.make(str(tmp_path / "link" / "x"))
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1_900_000_777, 1_900_000_777)
+    with pytest.raises(OSError, match="x's directory is not root's"):
+        mountpoints.make(str(theirs / "x"))
+    assert list(target.iterdir()) == [] and list(theirs.iterdir()) == []
+    for path in ("/home/alice/.ssh", "/root/.ssh/authorized_keys", "/var/spool/cron", "/opt/app", "/srv/x"):
+        assert path_refused(path) == f"/{path.split('/')[1]} belongs to the system or the sandbox", path
+    assert path_refused("/data") is None and path_refused("/mnt/datasets") is None

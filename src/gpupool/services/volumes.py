@@ -29,8 +29,13 @@ MAX_PER_PROJECT = 100
 POD_WORKDIR = "/workspace"
 """A pod's working directory (gpupool.backends.kubernetes.manifests.CODE_DIR, which needs the kubernetes extra to
 import; tests/kubernetes/test_volumes.py holds the two equal)."""
-RESERVED_PATHS = ("/proc", "/dev", "/sys", "/run", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/tmp")
-"""Where a volume may not be mounted: the system the sandbox shows read-only, and the places it makes private."""
+RESERVED_PATHS = (
+    "/proc", "/dev", "/sys", "/run", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot",
+    "/tmp", "/var", "/opt", "/root", "/home", "/srv", "/snap", "/nix", "/media", "/lost+found",
+)  # fmt: skip
+"""Where a volume may not be mounted: the system the sandbox shows read-only, the places it makes private, and the
+host's own trees, where the local backend would make a mount point on the host (as root) that the host's services
+or users then find (a directory where ~/.ssh/authorized_keys or a service's configuration would be)."""
 
 
 def _public(row: VolumeRow, project: str, users: Sequence[str] = ()) -> VolumePublic:

@@ -1,18 +1,20 @@
 """Enter a running member's sandbox as its project's identity, with nothing of the member's resolved as root.
 
-`gpupool exec` runs this file as a script (`python -I -S enter.py PID UID SPEC_FD POLICY`), as root, on the host: the
-server's own interpreter, loaded from the host's files, with every module it needs imported before it touches the
-member. It opens the namespaces and the root of PID (the sandbox's first process, bubblewrap's own, which the
-member cannot change), joins them with setns(2), forks (a PID namespace takes its children only), and in the child
-drops to UID for good (no groups, no capabilities in any set, no_new_privs) before it looks up a single path in the
-member's view, and installs the member's syscall policy (POLICY, seccomp.py's file): the working directory and the
-command are resolved by the member's identity, under the member's filter, as the member would.
+`gpupool exec` runs this file as a script (`python -I -S enter.py PID:START UID SPEC_FD POLICY`), as root, on the
+host: the server's own interpreter, loaded from the host's files, with every module it needs imported before it
+touches the member. It opens the namespaces and the root of PID (the sandbox's first process, bubblewrap's own,
+which the member cannot change), joins them with setns(2), forks (a PID namespace takes its children only), and in
+the child drops to UID for good (no groups, no capabilities in any set, no_new_privs) before it looks up a single
+path in the member's view, and installs the member's syscall policy (POLICY, seccomp.py's file): the working
+directory and the command are resolved by the member's identity, under the member's filter, as the member would.
 
 Why not nsenter and setpriv: nsenter `--root` changes to the member's root before it runs the next program, so
 `setpriv` was looked up in the member's view, as root: a member that mounted its own over /usr/local/sbin (in a
 user namespace of its own) got a root shell on the host. Here no program runs until the identity is the member's.
 
-SPEC_FD is a memfd with {"cwd", "argv", "env"} (the member's environment, never this process's).
+SPEC_FD is a memfd with {"cwd", "argv", "env"} (the member's environment, never this process's). START is PID's
+start time as the server found it (`start_time`): a pid is a name that a process which ended leaves to the next, so
+the process is pinned (a pidfd), checked to be the one found, and checked alive once everything of it is opened.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import ctypes
 import errno
 import json
 import os
+import signal
 import sys
 
 NAMESPACES = ("ipc", "uts", "net", "pid", "mnt")
@@ -65,10 +68,54 @@ def confine(policy: bytes) -> None:
     _check(_LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "the syscall policy")
 
 
-def enter(pid: int) -> None:
-    """Join the namespaces and root of `pid` (all opened before the first is joined)."""
-    fds = [os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in NAMESPACES]
-    root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def start_time(pid: int) -> int:
+    """When `pid` started (clock ticks since boot): with the pid, which process it is."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[19])
+
+
+def pin(pid: int, start: int) -> int:
+    """A pidfd of the process `pid` that started at `start`; ESRCH where that process has ended (the pid may name
+    another by now)."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        if start_time(pid) != start:
+            raise OSError(errno.ESRCH, "the member's sandbox has ended")
+    except BaseException:
+        os.close(pidfd)
+        raise
+    return pidfd
+
+
+def still(pidfd: int) -> None:
+    """ESRCH unless the pinned process is alive: what was opened by its pid since it was pinned is its own."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        raise OSError(errno.ESRCH, "the member's sandbox has ended") from None
+
+
+def opened(pid: int, start: int, paths: list[str], flags: int) -> list[int]:
+    """/proc/PID/<path> for each of `paths`, of the process that started at `start` and no other."""
+    pidfd = pin(pid, start)
+    fds: list[int] = []
+    try:
+        for path in paths:
+            fds.append(os.open(f"/proc/{pid}/{path}", flags | os.O_CLOEXEC))
+        still(pidfd)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    finally:
+        os.close(pidfd)
+    return fds
+
+
+def enter(pid: int, start: int) -> None:
+    """Join the namespaces and root of `pid`, the process that started at `start` (all opened before the first
+    is joined)."""
+    *fds, root = opened(pid, start, [*(f"ns/{ns}" for ns in NAMESPACES), "root"], os.O_RDONLY)
     for fd in fds:
         _check(_LIBC.setns(fd, 0), "joining the member's namespaces")
         os.close(fd)
@@ -94,14 +141,15 @@ def _exec(argv: list[str], env: dict[str, str]) -> OSError:
 
 
 def main(args: list[str]) -> int:
-    pid, uid, spec_fd = int(args[0]), int(args[1]), int(args[2])
+    pid, start = (int(x) for x in args[0].split(":"))
+    uid, spec_fd = int(args[1]), int(args[2])
     with open(args[3], "rb") as f:  # the server's own file, read before anything of the member's is joined
         policy = f.read()
     spec = json.loads(os.pread(spec_fd, os.fstat(spec_fd).st_size, 0))
     os.close(spec_fd)
     argv, env, cwd = list(spec["argv"]), dict(spec["env"]), str(spec["cwd"])
     try:
-        enter(pid)
+        enter(pid, start)
     except OSError as e:
         print(f"gpupool exec: cannot enter the member ({e.strerror})", file=sys.stderr, flush=True)
         return 126

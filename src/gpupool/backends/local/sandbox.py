@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.backends.local import envfd, envs, images, seccomp
+from gpupool.backends.local import envfd, envs, images, mountpoints, seccomp
 from gpupool.models import imageref
 
 APP_DIR_INSIDE = "/run/gpupool"
@@ -259,10 +259,15 @@ class Sandbox:
             except envs.SourceError as e:
                 refused = f"its Python environment cannot be built: {e}"
         if refused is not None:
-            say = f'echo "gpupool: $0"; printf "%s\\n" "$0" > "$1"; exit {images.CANNOT_START}'
-            return ("/bin/sh", "-c", say, refused, str(reason)), ()
+            return images.cannot_start(refused, reason), ()
         if member.image is not None or plan is None:
             return images.argv(self._container(member, reason), argv, env_fd), ()
+        shared = plan.path.parent.name == envs.SHARED
+        if shared and self.isolation.sandboxed:
+            try:
+                envs.ensure_shared(plan)  # the server's, never a project's build
+            except (envs.BuildError, OSError) as e:
+                return images.cannot_start(f"the shared Python environment cannot be made: {e}", reason), ()
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         seen = envs.INSIDE if self.isolation.sandboxed else str(plan.path)
         # A notebook runs the environment's Python (which has JupyterLab), never the server's.
@@ -280,8 +285,9 @@ class Sandbox:
         build_box = self._box(
             member, ["--bind", str(plan.path), envs.INSIDE, "--bind", cache, envs.CACHE_INSIDE, *tools], False
         )
+        owner = None if shared else uid  # the shared one is found, never built, by a member
         builder = envs.builder_argv(
-            plan, reason, sys.prefix, envs.INSIDE, [*build_box, *drop(uid)], uid, env_fd, member.init
+            plan, reason, sys.prefix, envs.INSIDE, [*build_box, *drop(uid)], owner, env_fd, member.init
         )
         box = self._box(member, ["--ro-bind", str(plan.path), envs.INSIDE], member.private_network)
         if member.private_network and member.port is not None:
@@ -317,8 +323,8 @@ class Sandbox:
             box += ["--bind", shared, shared]
         for source, inside, read_only in member.mounts:
             # The mount point must exist in the view; the system is read-only there, so an empty directory is
-            # made on the host where none is (root's, 755: it holds nothing of anyone's).
-            os.makedirs(inside, mode=0o755, exist_ok=True)
+            # made on the host where none is (root's, 755: it holds nothing of anyone's), through no link.
+            mountpoints.make(inside)
             box += ["--ro-bind" if read_only else "--bind", source, inside]
         box += binds
         if private_network:
@@ -337,8 +343,10 @@ class Sandbox:
             for h in hidden:
                 if inside == h or h.startswith(inside.rstrip("/") + "/") or inside.startswith(h + "/"):
                     return f"a volume at {inside} would clash with the workload's working directory ({h})"
-            if os.path.exists(inside) and not os.path.isdir(inside):
-                return f"a volume cannot be mounted at {inside}: it is a file on this host"
+            try:
+                mountpoints.make(inside, make=False)
+            except OSError as e:
+                return f"a volume cannot be mounted at {inside}: {e.strerror or e} on this host"
         return None
 
     def _container(self, member: Member, reason: Path) -> images.Container:
@@ -500,3 +508,4 @@ class Sandbox:
         if member.cpu_milli > 0:
             out.append(f"--property=CPUQuota={member.cpu_milli // 10}%")
         return (*out, "--")
+

@@ -75,10 +75,11 @@ class LocalShells:
         if self.backend.sandbox.in_container(target.alloc_id):
             return self._exec_in_image(loop, target, argv, tty, size)
         if self.sandboxed:
-            box = self._inside(target, wrapper)
+            box, start = self._inside(target, wrapper)
             inner = self._member_process(target, box)
         else:
             box = inner = _first_child(wrapper)
+            start = 0
         spec = {"cwd": str(self.backend.workdir(target.workload_id)), "argv": argv, "env": _environ(inner)}
         memfd = os.memfd_create("gpupool-exec", 0)  # not inheritable: passed to the launcher alone
         master = slave = None
@@ -86,14 +87,14 @@ class LocalShells:
             os.write(memfd, _json(spec))
             os.lseek(memfd, 0, os.SEEK_SET)
             if tty:
-                master, slave = self._pty(box)
+                master, slave = self._pty(box, start)
                 _set_size(slave, size)
             if self.sandboxed:
                 # The server's own Python and enter.py, from the host: nothing is looked up in the member's view
                 # until the process is the member's identity (enter.py says why).
                 uid = self.backend.sandbox.uid(target.project_id)
                 policy = str(self.backend.sandbox.policy)
-                cmd = [sys.executable, "-I", "-S", enter.__file__, str(box), str(uid), str(memfd), policy]
+                cmd = [sys.executable, "-I", "-S", enter.__file__, f"{box}:{start}", str(uid), str(memfd), policy]
                 cmd = [
                     "/bin/sh",
                     "-c",
@@ -141,12 +142,12 @@ class LocalShells:
                 os.close(slave)
         return _ImageExec(loop, proc, master, marker, _ns(first))
 
-    def _pty(self, inner: int) -> tuple[int, int]:
+    def _pty(self, inner: int, start: int) -> tuple[int, int]:
         """A pseudo-terminal pair: of the sandbox's own devpts where it has one (so the member's view names it),
-        else of the host's."""
+        else of the host's. `inner` is the sandbox's first process, which started at `start`."""
         if not self.sandboxed:
             return os.openpty()
-        master = os.open(f"/proc/{inner}/root/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        (master,) = enter.opened(inner, start, ["root/dev/pts/ptmx"], os.O_RDWR | os.O_NOCTTY)
         try:
             fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))
             slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
@@ -176,15 +177,23 @@ class LocalShells:
             raise ShellError("port-forward needs socat on the server's host (Debian's socat)")
         relay = ["socat", "STDIO", f"TCP:127.0.0.1:{port}"]
         in_image = self.backend.sandbox.in_container(target.alloc_id)
+        net: tuple[int, ...] = ()
         if self.sandboxed:
             # An image's network is its container's: the namespace of its first process, as podman reports it.
-            inner = self._container_pid(target) if in_image else self._inside(target, wrapper)
-            relay = ["nsenter", f"--target={inner}", "--net", *drop(self.backend.sandbox.uid(target.project_id)),
-                     *relay]  # fmt: skip
-        proc = subprocess.Popen(
-            relay, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_TOOL_ENV,
-            close_fds=True, start_new_session=True,
-        )  # fmt: skip
+            if in_image:
+                where = [f"--target={self._container_pid(target)}", "--net"]
+            else:  # the sandbox's, opened from the process found and no other that took its pid since
+                net = tuple(enter.opened(*self._inside(target, wrapper), ["ns/net"], os.O_RDONLY))
+                where = [f"--net=/proc/self/fd/{net[0]}"]
+            relay = ["nsenter", *where, *drop(self.backend.sandbox.uid(target.project_id)), *relay]
+        try:
+            proc = subprocess.Popen(
+                relay, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_TOOL_ENV,
+                close_fds=True, start_new_session=True, pass_fds=net,
+            )  # fmt: skip
+        finally:
+            for fd in net:
+                os.close(fd)
         return ProcessSession(loop, proc)
 
     # -- internals -----------------------------------------------------------------------------------------
@@ -207,10 +216,11 @@ class LocalShells:
             return uid, uid
         return os.geteuid(), os.getegid()
 
-    def _inside(self, target: ShellTarget, wrapper: int) -> int:
-        """The member's sandbox's first process: bubblewrap's own (root's), which made the sandbox's namespaces
-        and which nothing of the member's can move to others. An exec joins its namespaces and root, never those
-        of a process of the member's (which could have made its own)."""
+    def _inside(self, target: ShellTarget, wrapper: int) -> tuple[int, int]:
+        """The member's sandbox's first process and its start time: bubblewrap's own (root's), which made the
+        sandbox's namespaces and which nothing of the member's can move to others. An exec joins its namespaces
+        and root, never those of a process of the member's (which could have made its own); by pid and start time
+        (enter.opened), as its pid alone could name another process by the time it is used."""
         outer = _ns(wrapper)
         procs = processes()
         children: dict[int, list[int]] = {}
@@ -225,7 +235,11 @@ class LocalShells:
                             f"{target.workload} (rank {target.rank}) is still building its Python environment; "
                             "try again once it has started"
                         )
-                    return pid
+                    # Its start time, read after the pid was found: the pid still names a child of the parent it
+                    # was found under, in another namespace, so the two name that process.
+                    start = _started_under(pid, procs[pid].ppid)
+                    if start is not None and _ns(pid) not in (None, outer):
+                        return pid, start
             level = [c for pid in level for c in children.get(pid, ())]
         raise ShellError(f"{target.workload} (rank {target.rank}) has not started its command yet; try again")
 
@@ -351,6 +365,16 @@ def _ns(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
+
+
+def _started_under(pid: int, parent: int) -> int | None:
+    """The start time of `pid` where it is still a child of `parent`, else None."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        if int(fields[1]) == parent:
+            return int(fields[19])
+    return None
 
 
 def _uid(pid: int) -> int | None:
