@@ -341,3 +341,32 @@ def test_a_volumes_mount_point_is_made_through_no_link_in_root_owned_directories
     for path in ("/home/alice/.ssh", "/root/.ssh/authorized_keys", "/var/spool/cron", "/opt/app", "/srv/x"):
         assert path_refused(path) == f"/{path.split('/')[1]} belongs to the system or the sandbox", path
     assert path_refused("/data") is None and path_refused("/mnt/datasets") is None
+
+
+VSOCK_AND_NEWER = r"""
+import ctypes, errno, json, socket, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def call(*args):
+    return "ok" if libc.syscall(*args) >= 0 else errno.errorcode[ctypes.get_errno()]
+out = {"vsock": call(41, 40, 1, 0), "fanotify_init": call(300, 0, 0), "open_tree_attr": call(467, -100, b"/", 0, 0, 0),
+       "newer than the policy": call(471, 0), "inet": call(41, 2, 1, 0)}
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+out["thread"] = "ok"
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the syscall numbers in the probe are x86_64's")
+def test_the_policy_refuses_vsock_fanotify_and_calls_newer_than_itself(tmp_path: Path) -> None:
+    policy = seccomp.write(tmp_path / "policy.bpf")
+    box = ["bwrap", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-pid", "--seccomp", "9"]
+    probe = [sys.executable, "-I", "-c", VSOCK_AND_NEWER]
+    done = subprocess.run(["/bin/sh", "-c", 'exec "$@" 9<"$0"', str(policy), *box, "--", *probe],
+                          capture_output=True, text=True, env=envfd.ROOT_ENV, check=False)  # fmt: skip
+    assert json.loads(done.stdout) == {
+        "fanotify_init": "EPERM", "inet": "ok", "newer than the policy": "ENOSYS", "open_tree_attr": "EPERM",
+        "thread": "ok", "vsock": "EPERM",
+    }, done.stderr  # fmt: skip
+    rules = seccomp.oci_profile("x86_64")["syscalls"]
+    assert {"names": ["socket"], "args": [{"index": 0, "value": 40, "op": "SCMP_CMP_EQ"}], "action": "SCMP_ACT_ERRNO",
+            "errnoRet": 1} in rules  # fmt: skip

@@ -12,7 +12,9 @@ leave its namespaces or reach the host's kernel:
 - the kernel's keyring, BPF, perf events, userfaultfd, io_uring (refused by containerd since 2023), modules,
   kexec, swap, reboot, accounting, quotas, the clocks, syslog, the I/O port syscalls;
 - clone3, answered ENOSYS (as Docker does): its flags are in memory a filter cannot read, and glibc falls back to
-  clone, whose flags it can.
+  clone, whose flags it can;
+- fanotify, vsock sockets (the hypervisor's and the host's vsock services), and every syscall newer than the policy
+  (FUTURE, answered ENOSYS: a deny-list would let a new kernel's calls through unweighed).
 ptrace and process_vm_* stay allowed as in Docker's profile (kernels since 4.8 check them against the caller's
 namespace and identity): a member may debug its own processes, and sees no others. Any other architecture's call
 (the x32 ABI, a 32-bit one) is refused outright.
@@ -45,7 +47,14 @@ X32_BIT = 0x40000000
 _COMMON = {  # the same numbers on x86_64 and arm64 (the new mount API, io_uring, clone3)
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
     "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "quotactl_fd": 443,
+    "open_tree_attr": 467,
 }  # fmt: skip
+FUTURE = 470
+"""The first syscall number this policy does not know (x86_64 and arm64 share the numbers from 424 on): one from a
+newer kernel answers ENOSYS, as under an allow-list, until the policy has weighed it."""
+SOCKET = {"x86_64": 41, "aarch64": 198}
+AF_VSOCK = 40
+"""A socket of this family reaches the hypervisor and the host's vsock services: refused, as Docker refuses it."""
 _X86_64 = _COMMON | {
         "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272, "setns": 308,
         "open_by_handle_at": 304, "name_to_handle_at": 303, "keyctl": 250, "add_key": 248, "request_key": 249,
@@ -54,7 +63,7 @@ _X86_64 = _COMMON | {
         "reboot": 169, "acct": 163, "lookup_dcookie": 212, "quotactl": 179, "settimeofday": 164,
         "clock_settime": 227, "adjtimex": 159, "clock_adjtime": 305, "syslog": 103, "vhangup": 153, "iopl": 172,
         "ioperm": 173, "uselib": 134, "ustat": 136, "sysfs": 139, "_sysctl": 156, "nfsservctl": 180,
-        "create_module": 174, "get_kernel_syms": 177, "query_module": 178,
+        "create_module": 174, "get_kernel_syms": 177, "query_module": 178, "fanotify_init": 300,
 }  # fmt: skip
 _AARCH64 = _COMMON | {
         "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "unshare": 97, "setns": 268,
@@ -63,7 +72,7 @@ _AARCH64 = _COMMON | {
         "init_module": 105, "finit_module": 273, "delete_module": 106, "swapon": 224, "swapoff": 225,
         "reboot": 142, "acct": 89, "lookup_dcookie": 18, "quotactl": 60, "settimeofday": 170,
         "clock_settime": 112, "adjtimex": 171, "clock_adjtime": 266, "syslog": 116, "vhangup": 58,
-        "nfsservctl": 42,
+        "nfsservctl": 42, "fanotify_init": 262,
 }  # fmt: skip
 ARCHES: dict[str, tuple[int, dict[str, int]]] = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _AARCH64)}
 CLONE = {"x86_64": 56, "aarch64": 220}
@@ -85,16 +94,18 @@ def program(machine: str | None = None) -> bytes:
         raise Unsupported(f"no syscall policy for {arch} (x86_64 and aarch64 have one)")
     audit, table = ARCHES[arch]
     denied = sorted(set(table.values()))
-    # Layout: arch check, nr load, [x32], one jump per denied nr, clone3, clone, allow, clone's flag check,
-    # allow, deny (EPERM), nosys (ENOSYS). Jumps count the instructions skipped.
+    # Layout: arch check, nr load, [x32], future, one jump per denied nr, clone3, socket, clone; then allow,
+    # clone's flag check, allow, deny (EPERM), nosys (ENOSYS), socket's family check, allow, deny (EPERM).
+    # Jumps count the instructions skipped.
     head: list[tuple[int, int, int, int]] = [
         _ins(_LD_W_ABS, _ARCH),
         _ins(_JEQ_K, audit, 1, 0),
         _ins(_RET_K, _KILL_PROCESS),
         _ins(_LD_W_ABS, _NR),
     ]
-    checks = len(denied) + 2 + (1 if arch == "x86_64" else 0)
-    # after the checks: [0] allow, [1] ld arg0, [2] jset, [3] allow, [4] deny, [5] nosys
+    checks = len(denied) + 4 + (1 if arch == "x86_64" else 0)
+    # after the checks: [0] allow, [1] ld arg0, [2] jset, [3] allow, [4] deny, [5] nosys, [6] ld arg0, [7] jeq,
+    # [8] allow, [9] deny
     body: list[tuple[int, int, int, int]] = []
 
     def to(target: int) -> int:  # from the instruction about to be appended, to slot `target` after the checks
@@ -102,9 +113,11 @@ def program(machine: str | None = None) -> bytes:
 
     if arch == "x86_64":
         body.append(_ins(_JGE_K, X32_BIT, to(4), 0))
+    body.append(_ins(_JGE_K, FUTURE, to(5), 0))
     for nr in denied:
         body.append(_ins(_JEQ_K, nr, to(4), 0))
     body.append(_ins(_JEQ_K, CLONE3, to(5), 0))
+    body.append(_ins(_JEQ_K, SOCKET[arch], to(6), 0))
     body.append(_ins(_JEQ_K, CLONE[arch], to(1), to(0)))
     tail = [
         _ins(_RET_K, _ALLOW),
@@ -113,6 +126,10 @@ def program(machine: str | None = None) -> bytes:
         _ins(_RET_K, _ALLOW),
         _ins(_RET_K, _ERRNO | errno.EPERM),
         _ins(_RET_K, _ERRNO | errno.ENOSYS),
+        _ins(_LD_W_ABS, _ARG0),
+        _ins(_JEQ_K, AF_VSOCK, 1, 0),
+        _ins(_RET_K, _ALLOW),
+        _ins(_RET_K, _ERRNO | errno.EPERM),
     ]
     # jset's targets: deny (2 ahead counting from the next instruction: allow, deny) -> jt=1 skips allow.
     return b"".join(struct.pack("<HBBI", *i) for i in (*head, *body, *tail))
@@ -129,6 +146,8 @@ def oci_profile(machine: str | None = None) -> dict[str, object]:
     deny = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
     rules: list[dict[str, object]] = [{"names": names, **deny}, {"names": ["clone3"], "action": "SCMP_ACT_ERRNO",
                                                                  "errnoRet": errno.ENOSYS}]  # fmt: skip
+    vsock = {"index": 0, "value": AF_VSOCK, "op": "SCMP_CMP_EQ"}
+    rules.append({"names": ["socket"], "args": [vsock], **deny})
     for bit in (1 << b for b in range(32) if CLONE_NEW & (1 << b)):  # denied where any namespace bit is set
         arg = {"index": 0, "value": bit, "valueTwo": bit, "op": "SCMP_CMP_MASKED_EQ"}
         rules.append({"names": ["clone"], "args": [arg], **deny})
