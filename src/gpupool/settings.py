@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     server refuses to start where it cannot give each project an OS identity of its own."""
     uid_base: int = Field(1_900_000_000, ge=100_000, le=2**31 - 2**24)
     """Project p's workloads run as uid uid_base + p (local backend, not single-user)."""
+    pids_limit: int = Field(4096, ge=64, le=4_194_304)
+    """The most processes and threads one member of a workload may have at once (local backend, sandboxed: a pids
+    cgroup or systemd's TasksMax), so that a fork bomb stops at its own limit and not at the host's pid_max."""
     app_recheck_s: float = Field(30.0, gt=0, le=60)
     """How often an open app websocket's or a followed log's caller is authorised again: a removed member loses
     it within this."""

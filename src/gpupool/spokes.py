@@ -59,7 +59,7 @@ def local_backend(
     # (adopting sweeps half-made launches, which the leader may be making); it adopts when it takes over.
     return LocalBackend(
         data_dir, settings.node_name or socket.gethostname(), settings.pool, gpus,
-        on_exit=nudge, isolation=isolation, uid_base=settings.uid_base, adopt=adopt,
+        on_exit=nudge, isolation=isolation, uid_base=settings.uid_base, adopt=adopt, pids_limit=settings.pids_limit,
     )  # fmt: skip
 
 

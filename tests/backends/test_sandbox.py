@@ -119,12 +119,12 @@ def test_a_service_gets_a_network_of_its_own_bridged_to_its_app_socket(tmp_path:
 
 
 def test_on_a_systemd_host_a_scope_carries_the_limits(tmp_path: Path) -> None:
-    box = Sandbox(tmp_path / "data", Isolation(True, Limits("systemd")), UID_BASE)
+    box = Sandbox(tmp_path / "data", Isolation(True, Limits("systemd", pids=True)), UID_BASE, pids_limit=500)
     argv, procs = box.argv(_member(tmp_path, cpu_milli=2500, memory_mib=1024), ("train",), ENV_FD)
     assert procs == ()
     assert argv[: argv.index("--") + 1] == (
         "systemd-run", "--scope", "--quiet", "--collect", "--unit=gpupool-7-0-0", "--property=MemoryMax=1024M",
-        "--property=CPUQuota=250%", "--",
+        "--property=CPUQuota=250%", "--property=TasksMax=500", "--",
     )  # fmt: skip
 
 

@@ -370,3 +370,35 @@ def test_the_policy_refuses_vsock_fanotify_and_calls_newer_than_itself(tmp_path:
     rules = seccomp.oci_profile("x86_64")["syscalls"]
     assert {"names": ["socket"], "args": [{"index": 0, "value": 40, "op": "SCMP_CMP_EQ"}], "action": "SCMP_ACT_ERRNO",
             "errnoRet": 1} in rules  # fmt: skip
+
+
+FORK_BOMB = r"""
+import errno, os, sys, time
+cgroup = next(l.split(":", 2)[2] for l in open("/proc/self/cgroup").read().splitlines() if l.split(":")[1] == "pids")
+here = f"/sys/fs/cgroup/pids{cgroup}"
+children = 0
+try:
+    while children < 1000:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        children += 1
+except BlockingIOError as e:
+    at_max = open(f"{here}/pids.current").read().strip() == open(f"{here}/pids.max").read().strip()
+    print(f"RESULT stopped {errno.errorcode[e.errno]} at its max {at_max} {open(f'{here}/pids.max').read().strip()}",
+          flush=True)
+os.killpg(0, 9)
+"""
+
+
+@SQLITE
+@pytest.mark.skipif(not Path("/sys/fs/cgroup/pids").is_dir(), reason="the probe reads cgroup v1's pids hierarchy")
+def test_a_fork_bomb_stops_at_its_members_pids_limit(make_server: Callable[..., Server]) -> None:
+    s = make_server("fake:1xH100-80GB", "--pids-limit", "100")
+    rita = _tenant(s)
+    s.cli("submit", "-p", "red", "--name", "bomb", "--gpus", "1", "--", sys.executable, "-c", FORK_BOMB, token=rita)
+    said = wait_for(lambda: next((x for x in s.cli("logs", "bomb").stdout.splitlines() if x.startswith("RESULT ")),
+                                 None), 60, "the bomb to stop")  # fmt: skip
+    assert said == "RESULT stopped EAGAIN at its max True 100"
+    described = s.json("describe", "bomb")
+    assert described["isolation"]["processes"] == "enforced: private PID and IPC namespaces; at most 100 per member"

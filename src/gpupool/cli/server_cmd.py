@@ -24,7 +24,8 @@ FIELDS = {
     "tls_key": "tls_key", "insecure_http": "insecure_http", "backend": "backend", "kubeconfig": "kubeconfig",
     "pool_label": "pool_label", "image": "default_image", "gpus": "gpus", "pool": "pool", "interval": "interval_s",
     "grace": "grace_s", "telemetry_interval": "telemetry_interval_s", "price": "prices", "min_runtime": "min_runtime_s",
-    "single_user": "single_user", "uid_base": "uid_base", "public_url": "public_url", "app_recheck": "app_recheck_s",
+    "single_user": "single_user", "uid_base": "uid_base", "pids_limit": "pids_limit", "public_url": "public_url",
+    "app_recheck": "app_recheck_s",
     "log_format": "log_format", "log_level": "log_level", "workers": "workers", "lease_ttl": "lease_ttl_s",
     "oidc_issuer": "oidc_issuer", "oidc_client_id": "oidc_client_id",
     "oidc_client_secret_file": "oidc_client_secret_file", "oidc_role": "oidc_roles",
@@ -143,6 +144,9 @@ def server(
     uid_base: Annotated[
         int, typer.Option("--uid-base", help="Project p's workloads run as uid (and gid) UID_BASE + p.")
     ] = _default("uid_base"),
+    pids_limit: Annotated[
+        int, typer.Option("--pids-limit", help="The most processes and threads one member of a workload may have.")
+    ] = _default("pids_limit"),
     public_url: Annotated[
         str | None, typer.Option("--public-url", help="How users reach this server, e.g. https://gpu.example.org.")
     ] = None,

@@ -91,12 +91,13 @@ class LocalBackend:
         isolation: Isolation | None = None,
         uid_base: int = 1_900_000_000,
         adopt: bool = True,
+        pids_limit: int = 4096,
     ) -> None:
         """`adopt=False`: one of several servers on this host and data dir, not leading yet. It reads logs and
         reaches apps but takes up no run record (the leader is writing them) until `adopt()`, on taking over."""
         self.data_dir = data_dir
         self.isolation = isolation or Isolation(False, Limits("advisory"))
-        self.sandbox = Sandbox(data_dir, self.isolation, uid_base)
+        self.sandbox = Sandbox(data_dir, self.isolation, uid_base, pids_limit)
         self._apps_root = apps_root(data_dir)
         self.node_name = node_name
         self.pool = pool
@@ -127,7 +128,7 @@ class LocalBackend:
             fractions_enforced=self._mps is not None,
             notebooks=notebooks,
             extra={"gpus": "simulated" if gpus.simulated else "nvml"},
-            isolation={**self.isolation.summary(), "volumes": volume_words(self.volumes.enforced)},
+            isolation={**self.isolation.summary(pids_limit), "volumes": volume_words(self.volumes.enforced)},
             storage=self,
         )
         if adopt:

@@ -48,6 +48,10 @@ class Limits:
     root: Path | None = None
     """Where per-member cgroups are made: the server's own cgroup (v2) or a controller's copy of it (v1)."""
     cpu_root: Path | None = None
+    pids_root: Path | None = None
+    """Where members' pids cgroups are made (v1's pids hierarchy); v2 keeps them with the others."""
+    pids: bool = False
+    """Whether a member's processes are counted and capped (a pids cgroup, or systemd's TasksMax)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,7 @@ class Isolation:
     sandboxed: bool
     limits: Limits
 
-    def summary(self) -> dict[str, str]:
+    def summary(self, pids_limit: int | None = None) -> dict[str, str]:
         if not self.sandboxed:
             return {
                 "identity": "advisory: workloads run as the server's user (--single-user); tenants are not isolated",
@@ -67,10 +71,13 @@ class Isolation:
                 "cpu_memory": "advisory",
             }
         limits = "advisory" if self.limits.mode == "advisory" else f"requests are limits ({self.limits.mode})"
+        processes = "enforced: private PID and IPC namespaces"
+        if pids_limit is not None:
+            processes += f"; at most {pids_limit} per member" if self.limits.pids else "; their number advisory"
         return {
             "identity": "enforced: an unprivileged uid of the project's own",
             "filesystem": "enforced: bubblewrap; system read-only, own workdir and private /tmp writable",
-            "processes": "enforced: private PID and IPC namespaces",
+            "processes": processes,
             "apps": "enforced: reachable only through the server's authenticating proxy",
             "cpu_memory": limits,
         }
@@ -122,7 +129,7 @@ def probe(single_user: bool) -> Isolation:
 
 def _limits() -> Limits:
     if Path("/run/systemd/system").is_dir() and shutil.which("systemd-run"):
-        return Limits("systemd")
+        return Limits("systemd", pids=True)
     own = _own_cgroups()
     unified = Path("/sys/fs/cgroup")
     controllers = unified / "cgroup.controllers"
@@ -131,16 +138,26 @@ def _limits() -> Limits:
         with contextlib.suppress(OSError):
             base.mkdir(exist_ok=True)
             (base / "cgroup.subtree_control").write_text("+cpu +memory")
-            return Limits("cgroup-v2", base)
+            pids = False
+            with contextlib.suppress(OSError):
+                (base / "cgroup.subtree_control").write_text("+pids")
+                pids = True
+            return Limits("cgroup-v2", base, pids=pids)
         return Limits("advisory")
     memory, cpu = unified / "memory", unified / "cpu"
     if memory.is_dir() and cpu.is_dir():
         mem_root = memory / own.get("memory", "/").lstrip("/") / "gpupool"
         cpu_root = cpu / own.get("cpu", own.get("cpu,cpuacct", "/")).lstrip("/") / "gpupool"
+        pids_root = unified / "pids" / own.get("pids", "/").lstrip("/") / "gpupool"
         with contextlib.suppress(OSError):
             mem_root.mkdir(exist_ok=True)
             cpu_root.mkdir(exist_ok=True)
-            return Limits("cgroup-v1", mem_root, cpu_root)
+            try:
+                pids_root.mkdir(exist_ok=True)
+                pids = True
+            except OSError:  # no pids hierarchy: the number of a member's processes stays advisory
+                pids = False
+            return Limits("cgroup-v1", mem_root, cpu_root, pids_root if pids else None, pids)
     return Limits("advisory")
 
 
@@ -204,10 +221,11 @@ def _unsupported_in_image(member: Member) -> str | None:
 
 
 class Sandbox:
-    def __init__(self, data_dir: Path, isolation: Isolation, uid_base: int) -> None:
+    def __init__(self, data_dir: Path, isolation: Isolation, uid_base: int, pids_limit: int = 4096) -> None:
         self.data_dir = data_dir
         self.isolation = isolation
         self.uid_base = uid_base
+        self.pids_limit = pids_limit
         self._ids = data_dir / "identities"
         self._envs_root = data_dir / "envs"
         self._containers = data_dir / "containers"
@@ -410,7 +428,7 @@ class Sandbox:
         for kind in ("passwd", "group"):
             with contextlib.suppress(OSError):
                 (self._ids / f"{alloc_id}.{kind}").unlink()
-        for root in (self.isolation.limits.root, self.isolation.limits.cpu_root):
+        for root in (self.isolation.limits.root, self.isolation.limits.cpu_root, self.isolation.limits.pids_root):
             if root is not None:
                 with contextlib.suppress(OSError):
                     (root / self.cgroup_name(alloc_id)).rmdir()
@@ -482,9 +500,12 @@ class Sandbox:
         procs: list[str] = []
         mem = limits.root / self.cgroup_name(member.alloc_id)
         cpu = (limits.cpu_root or limits.root) / self.cgroup_name(member.alloc_id)
-        for d in {mem, cpu}:
+        pids = (limits.pids_root or limits.root) / self.cgroup_name(member.alloc_id) if limits.pids else None
+        for d in {mem, cpu} | ({pids} if pids is not None else set()):
             d.mkdir(exist_ok=True)
             procs.append(str(d / "cgroup.procs"))
+        if pids is not None:
+            (pids / "pids.max").write_text(str(self.pids_limit))
         if limits.mode == "cgroup-v1":
             if member.memory_mib > 0:
                 (mem / "memory.limit_in_bytes").write_text(str(member.memory_mib * 1024 * 1024))
@@ -507,5 +528,6 @@ class Sandbox:
             out.append(f"--property=MemoryMax={member.memory_mib}M")
         if member.cpu_milli > 0:
             out.append(f"--property=CPUQuota={member.cpu_milli // 10}%")
+        out.append(f"--property=TasksMax={self.pids_limit}")
         return (*out, "--")
 
