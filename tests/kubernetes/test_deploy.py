@@ -27,6 +27,7 @@ GRANTED: dict[tuple[str, str, str], set[str]] = {
     ("", "persistentvolumeclaims", ""): {"create", "delete"},
     ("", "secrets", ""): {"get", "create", "update", "delete"},
     ("", "namespaces", ""): {"get", "list", "create", "patch"},
+    ("networking.k8s.io", "networkpolicies", ""): {"create"},
     ("", "pods", "binding"): {"create"},
     ("", "bindings", ""): {"create"},
     ("", "pods", "status"): {"patch", "update"},

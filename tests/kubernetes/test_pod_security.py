@@ -59,6 +59,16 @@ def test_a_launched_pod_is_stored_restricted_in_a_namespace_that_enforces_restri
     assert host == {"hostNetwork": None, "hostPID": None, "hostIPC": None, "volumes": None,
                     "automountServiceAccountToken": False}  # fmt: skip
     assert _labels(core, "gpupool-secure") == {PSA[0]: "restricted", PSA[1]: "latest"}
+    # Its namespace takes connections from its own pods and the server's namespace only: not another project's.
+    (policy,) = client.NetworkingV1Api(cluster.api()).list_namespaced_network_policy("gpupool-secure").items
+    assert (policy.metadata.name, _stored(cluster, policy)["spec"]) == ("gpupool-project-isolation", {
+        "podSelector": {},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [
+            {"podSelector": {}},
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gpupool-system"}}},
+        ]}],
+    })  # fmt: skip
     s.cli("cancel", "confined")
     s.wait_state("confined", "cancelled", timeout=30)
 

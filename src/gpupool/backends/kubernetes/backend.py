@@ -30,7 +30,6 @@ from gpupool.backends.kubernetes.logs import follow
 from gpupool.backends.kubernetes.manifests import (
     MANAGED,
     MEMBER,
-    PSA_ENFORCE,
     SCHEDULER,
     SECRETS,
     SYSTEM_NAMESPACE,
@@ -43,13 +42,13 @@ from gpupool.backends.kubernetes.manifests import (
     gang_service_manifest,
     granted,
     namespace_for,
-    namespace_manifest,
     node_from,
     pod_manifest,
     ready,
     reservation_manifest,
     secrets_manifest,
 )
+from gpupool.backends.kubernetes.namespaces import Namespaces, own_namespace
 from gpupool.backends.kubernetes.podwatch import PodWatch
 from gpupool.backends.kubernetes.volumes import claim_manifest, claim_name
 from gpupool.core import Node
@@ -93,6 +92,9 @@ class KubeSettings:
     """The image of that init step: any with gpupool's client (`python -m gpupool.client.code`)."""
     scheduler_name: str = SCHEDULER
     """The `spec.schedulerName` gpupool serves: pods it did not make that name it are scheduled by gpupool."""
+    server_namespace: str | None = None
+    """Where the server runs, whose pods (the app proxy) a project's pods take connections from; None: its own
+    service account's namespace in the cluster, else gpupool-system (deploy/kubernetes's)."""
 
 
 class KubernetesBackend:
@@ -126,8 +128,8 @@ class KubernetesBackend:
         self._to_dict: Callable[[Any], dict[str, Any]] = api.sanitize_for_serialization
         self._lock = threading.Lock()
         """Guards what inventory() learns of nodes; the pods have the watch's lock."""
-        self._namespaces: dict[str, str] = {}
-        """Namespace → the Pod Security level its labels are known to enforce."""
+        self._namespaces = Namespaces(self.core, client.NetworkingV1Api(api), client.ApiException,
+                                      settings.server_namespace or own_namespace())  # fmt: skip
         self._not_ready_since: dict[str, float] = {}
         self._known_nodes: set[str] | None = None
         self._models: dict[str, str] = {}
@@ -180,7 +182,7 @@ class KubernetesBackend:
             raise LaunchWaits(f"no pod is known for member {spec.rank} of workload {spec.workload_id} yet")
         ns = namespace_for(spec.project, self.settings.namespace_prefix)
         try:
-            self._ensure_namespace(ns, check_level(spec.pod_security))
+            self._namespaces.ensure(ns, check_level(spec.pod_security))
             for d in spec.devices:
                 if d.milli < 1000:
                     self._reserve(spec.node, d.index, spec.alloc_id)
@@ -442,33 +444,10 @@ class KubernetesBackend:
             if e.status != 409:  # AlreadyExists: a retried launch, which is the point of deterministic names
                 raise
 
-    def _ensure_namespace(self, ns: str, level: str) -> None:
-        """Create it labelled for Pod Security Admission at `level`; one gpupool made earlier, perhaps at another
-        level (an admin changed the project's), is relabelled. Namespaces gpupool did not make are left alone."""
-        if self._namespaces.get(ns) == level:
-            return
-        body = namespace_manifest(ns, level)
-        try:
-            self.core.create_namespace(body)
-        except self._client.ApiException as e:
-            if e.status != 409:
-                raise
-            labels = self.core.read_namespace(ns).metadata.labels or {}
-            if labels.get(MANAGED) == "true" and labels.get(PSA_ENFORCE) != level:
-                try:
-                    self.core.patch_namespace(ns, {"metadata": {"labels": body["metadata"]["labels"]}})
-                except self._client.ApiException as e:
-                    if e.status != 403:
-                        raise
-                    # The pods still carry their own securityContext; the label is the API server's check of it.
-                    log.warning("cannot label namespace %s for pod security %s (gpupool needs patch on namespaces)",
-                                ns, level)  # fmt: skip
-        self._namespaces[ns] = level
-
     def _reserve(self, node: str, index: int, alloc_id: str) -> None:
         with self.watch.lock:
             self.watch.launching.setdefault((node, index), set()).add(alloc_id)
-        self._ensure_namespace(SYSTEM_NAMESPACE, "restricted")
+        self._namespaces.ensure(SYSTEM_NAMESPACE, "restricted")
         body = reservation_manifest(node, index, self.settings.default_image)
         self._create(lambda: self.core.create_namespaced_pod(SYSTEM_NAMESPACE, body))
 
@@ -500,3 +479,4 @@ def _exit_code(pod: dict[str, Any], default: int) -> int | None:
         if "exitCode" in term:
             return int(term["exitCode"])
     return default
+

@@ -140,6 +140,30 @@ def namespace_manifest(name: str, level: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
+ISOLATION_POLICY = "gpupool-project-isolation"
+"""The NetworkPolicy in each project's namespace."""
+
+
+def network_policy_manifest(namespace: str, server_namespace: str) -> dict[str, Any]:
+    """A project's pods take connections from the project's own pods (a gang's members, its services' clients in
+    the project) and from the server's namespace (the app proxy) alone: another project's pods are refused, as a
+    tenant's notebook on the local backend is reached only through the proxy. Their own connections out are
+    theirs (downloads, a tracking server)."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": ISOLATION_POLICY, "namespace": namespace, "labels": {MANAGED: "true"}},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [
+                {"podSelector": {}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": server_namespace}}},
+            ]}],
+        },
+    }  # fmt: skip
+
+
 def _confined(pod_spec: dict[str, Any], security: dict[str, Any]) -> dict[str, Any]:
     """Never the node's network, process or IPC namespaces (and no volumes but the code's emptyDir: no hostPath)."""
     return {**pod_spec, "hostNetwork": False, "hostPID": False, "hostIPC": False, "securityContext": security}
