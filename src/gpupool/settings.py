@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     """Default time between SIGTERM and SIGKILL when a workload is evicted or cancelled."""
     max_code_mib: int = Field(100, ge=1, le=10_240)
     """The largest code tree (MiB) a workload may take with it; the client checks it before uploading."""
+    code_quota_mib: int = Field(2048, ge=1, le=1_048_576)
+    """The most code (MiB) one project keeps uploaded: what its workloads name, and uploads of the last day that no
+    workload names yet (collected after that). Uploads past it get 413: one project cannot fill the store's disk."""
     workdir_retention_s: float = Field(7 * 86400, ge=0)
     """How long a finished workload's working directory is kept (for `gpupool cp`) before the leader removes it;
     its logs stay. Volumes are never collected."""

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, select
+from sqlalchemy import CursorResult, delete, func, select
 from sqlalchemy.orm import Session
 
 from gpupool.models.code import CodeManifest, CodeStored, tree_problem
@@ -58,11 +58,23 @@ def missing(session: Session, store: BlobStore, who: Principal, project: str, di
     return [d for d in asked if d not in held or not store.has(d)]
 
 
-def put_blob(session: Session, store: BlobStore, who: Principal, project: str, digest: str, data: bytes) -> bool:
-    """Keep a chunk the project sent (checked against its digest); True where the blob area lacked it."""
+def put_blob(
+    session: Session, store: BlobStore, who: Principal, project: str, digest: str, data: bytes, quota: int | None = None
+) -> bool:
+    """Keep a chunk the project sent (checked against its digest); True where the blob area lacked it. `quota`: the
+    most bytes of code the project may hold (TooLarge past it)."""
     p = _project(session, who, project)
     if len(data) > CHUNK_BYTES:
         raise TooLarge(f"a blob is at most {CHUNK_BYTES} bytes; cut files into chunks of that size")
+    if quota is not None and session.get(CodeBlobRow, (p.id, digest)) is None:
+        total = select(func.coalesce(func.sum(CodeBlobRow.size), 0)).where(CodeBlobRow.project_id == p.id)
+        held = int(session.scalar(total) or 0)
+        if held + len(data) > quota:
+            raise TooLarge(
+                f"project {project!r} holds {mib(held)} of code, and may hold {mib(quota)}: uploads no "
+                f"workload names are collected {GC_GRACE_S / 3600:g} hours after they were sent (an admin sets the "
+                "quota: code_quota_mib)"
+            )
     try:
         new = store.put(digest, data)
     except ValueError as e:

@@ -58,7 +58,8 @@ async def upload_code_blob(
 ) -> Response:
     """A chunk of a file (at most `chunk_bytes`), checked against its digest. Project members only."""
     data = await request.body()
-    await run_in_threadpool(code.put_blob, session, store_of(ctx.settings), who, project, digest, data)
+    quota = ctx.settings.code_quota_mib * 2**20
+    await run_in_threadpool(code.put_blob, session, store_of(ctx.settings), who, project, digest, data, quota)
     return Response(status_code=204)
 
 
