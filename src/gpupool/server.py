@@ -209,7 +209,7 @@ def _trial_submitter(settings: Settings, backend: Backend) -> Submit:
     def submit(session: Session, who: Principal, body: WorkloadCreate, key: str) -> WorkloadPublic:
         return workloads.submit(
             session, who, body, default_grace_s=settings.grace_s, min_runtime_s=settings.min_runtime_s or {},
-            notebooks=backend.capabilities().notebooks, idempotency_key=key,
+            notebooks=backend.capabilities().notebooks, idempotency_key=key, allowed_images=settings.allowed_images,
         )[0]  # fmt: skip
 
     return submit

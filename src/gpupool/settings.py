@@ -113,6 +113,10 @@ class Settings(BaseSettings):
     """Default time between SIGTERM and SIGKILL when a workload is evicted or cancelled."""
     max_code_mib: int = Field(100, ge=1, le=10_240)
     """The largest code tree (MiB) a workload may take with it; the client checks it before uploading."""
+    allowed_images: list[str] = Field(default_factory=lambda: ["*"], max_length=256)
+    """The images workloads may name, as shell-style patterns (`ghcr.io/acme/*`, `python:3.*`), matched against the
+    name as given and as Docker expands it (`python:3.12` is `docker.io/library/python:3.12`). `*` allows any; a
+    workload without an image (the server's environments, the Kubernetes backend's default image) is not asked."""
     code_quota_mib: int = Field(2048, ge=1, le=1_048_576)
     """The most code (MiB) one project keeps uploaded: what its workloads name, and uploads of the last day that no
     workload names yet (collected after that). Uploads past it get 413: one project cannot fill the store's disk."""

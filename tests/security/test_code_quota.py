@@ -49,3 +49,4 @@ def test_an_upload_past_the_projects_code_quota_is_refused_saying_why(
     )
     assert _put(client, tokens["p1"], "p1", FULL) == (204, "")  # what it holds already is no more
     assert _put(client, tokens["p2"], "p2", MORE) == (204, "")  # another project's quota is its own
+

@@ -5,7 +5,9 @@ project resolves (one project would change what another's image name runs)."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
+from collections.abc import Sequence
 
 TRANSPORTS = frozenset(
     {"containers-storage", "docker", "docker-archive", "docker-daemon", "oci", "oci-archive", "dir", "ostree", "sif",
@@ -17,6 +19,22 @@ REFERENCE = re.compile(
     rf"(?::[0-9]+)?)/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@sha256:[0-9a-f]{64})?"
 )
+
+
+def expanded(image: str) -> str:
+    """The name as Docker reads it: a registry where none is given (docker.io), `library/` for its official images,
+    and `:latest` where neither tag nor digest is."""
+    first, _, rest = image.partition("/")
+    domain = rest and ("." in first or ":" in first or first == "localhost")
+    name = image if domain else f"docker.io/{image if rest else 'library/' + image}"
+    last = name.rsplit("/", 1)[-1]
+    return name if ":" in last or "@" in last else f"{name}:latest"
+
+
+def allowed(image: str, patterns: Sequence[str]) -> bool:
+    """Whether one of `patterns` (shell-style) matches the image as given or as Docker expands it."""
+    names = {image, expanded(image)}
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns for name in names)
 
 
 def refused(image: str | None) -> str | None:

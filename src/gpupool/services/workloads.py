@@ -18,6 +18,7 @@ from gpupool.control.policies import Policy, chains, effective
 from gpupool.core.priority import DEFAULT_CLASSES, PriorityClass
 from gpupool.lifecycle import transitions as lifecycle
 from gpupool.lifecycle.phases import TERMINAL, Phase
+from gpupool.models import imageref
 from gpupool.models.attempts import AttemptPublic, HistoryItem
 from gpupool.models.clusters import CLUSTER_LOST_AFTER_S
 from gpupool.models.schemas import Page, WorkloadCreate, WorkloadDetail, WorkloadPublic
@@ -54,8 +55,10 @@ def submit(
     notebooks: bool,
     idempotency_key: str | None = None,
     classes: Sequence[PriorityClass] = DEFAULT_CLASSES,
+    allowed_images: Sequence[str] = ("*",),
 ) -> tuple[WorkloadPublic, bool]:
-    """Validate and queue a workload. Returns it and whether it was created (False: an idempotent replay)."""
+    """Validate and queue a workload. Returns it and whether it was created (False: an idempotent replay).
+    `allowed_images`: the server's patterns of the images a workload may name."""
     # The whole organisation tree in two queries (queues, then their quotas): it is small, and a submit
     # needs the project and every ancestor.
     queues = list(session.scalars(select(QueueRow)))
@@ -77,6 +80,9 @@ def submit(
     if body.model is not None:
         _check_model(body, tracking)
     check_text(body)
+    if body.image is not None and not imageref.allowed(body.image, allowed_images):
+        raise Invalid(f"image {body.image!r} is not one this server allows (its patterns: "
+                      f"{', '.join(allowed_images)}); ask an admin to allow it (allowed_images)")  # fmt: skip
     if body.type == "notebook" and not notebooks:
         raise Invalid("notebooks need JupyterLab on the server: install gpupool[apps]")
     request = to_request(body)

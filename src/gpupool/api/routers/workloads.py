@@ -42,6 +42,7 @@ async def submit_workload(
         min_runtime_s=overrides,
         notebooks=ctx.backend.capabilities().notebooks,
         idempotency_key=idempotency_key,
+        allowed_images=ctx.settings.allowed_images,
     )
     if created:
         ctx.controller.wake()
@@ -101,6 +102,7 @@ def _submitter(session: Session, ctx: Context, who: Principal) -> reruns.Submit:
     return partial(
         workloads.submit, session, who, default_grace_s=ctx.settings.grace_s,
         min_runtime_s=ctx.settings.min_runtime_s or {}, notebooks=ctx.backend.capabilities().notebooks,
+        allowed_images=ctx.settings.allowed_images,
     )  # fmt: skip
 
 
