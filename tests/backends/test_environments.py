@@ -117,6 +117,7 @@ def test_an_image_runs_confined_with_its_gpu_variables(tmp_path: Path, image: st
         'echo "w=$GPUPOOL_WORKLOAD"; '
         'echo "secret=$TOKEN"; echo "home=$HOME"; grep ^CapEff /proc/self/status; touch /x 2>/dev/null || echo ro; '
         "echo hi > out && cat out; cat /sys/fs/cgroup/memory/memory.limit_in_bytes; "
+        "cat /sys/fs/cgroup/pids/pids.max; "  # the member's pids limit: podman's cgroups, not the member's
         "unshare -U true 2>/dev/null || echo no-userns"  # the members' syscall policy, not podman's default
     )
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "GPU-1", "TOKEN": "s3"}
@@ -132,7 +133,7 @@ def test_an_image_runs_confined_with_its_gpu_variables(tmp_path: Path, image: st
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         uid, uid, "cuda=1", "nvidia=GPU-1", "w=w", "secret=s3", f"home={member.workdir}",
-        "CapEff:\t0000000000000000", "ro", "hi", str(256 * 1024 * 1024), "no-userns",
+        "CapEff:\t0000000000000000", "ro", "hi", str(256 * 1024 * 1024), "4096", "no-userns",
     ]  # fmt: skip
 
 

@@ -4,6 +4,7 @@ and what the project holds already go on, through the real app."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import pytest
@@ -50,3 +51,19 @@ def test_an_upload_past_the_projects_code_quota_is_refused_saying_why(
     assert _put(client, tokens["p1"], "p1", FULL) == (204, "")  # what it holds already is no more
     assert _put(client, tokens["p2"], "p2", MORE) == (204, "")  # another project's quota is its own
 
+
+
+def test_manifests_count_against_the_quota_too(http: tuple[TestClient, dict[str, dict[str, str]]]) -> None:
+    client, tokens = http
+    assert _put(client, tokens["p1"], "p1", FULL[: CHUNK_BYTES - 8000]) == (204, "")  # 8,000 bytes left
+    empty = hashlib.sha256(b"").hexdigest()
+
+    def manifest(n: int) -> tuple[int, object]:
+        files = [{"path": f"d{n}/f{i:05d}", "mode": 0o644, "size": 0, "sha256": empty, "chunks": []} for i in range(40)]
+        r = client.put("/api/v1/code/manifests", params={"project": "p1"}, json={"files": files},
+                       headers={"Authorization": tokens["p1"]["Authorization"]})  # fmt: skip
+        return r.status_code, r.json().get("detail")
+
+    assert manifest(0)[0] == 200  # 5,663 bytes of manifest: within what is left
+    status, detail = manifest(1)
+    assert (status, str(detail).split(":")[0]) == (413, "project 'p1' holds 1021.7 KiB of code, and may hold 1.0 MiB")

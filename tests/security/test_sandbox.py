@@ -282,7 +282,7 @@ def _cmd(pid: int) -> str:
 
 def test_a_build_gets_where_to_fetch_from_never_a_credential() -> None:
     server = {
-        "HTTPS_PROXY": "http://proxy.corp:3128",
+        "https_proxy": "http://proxy.corp:3128",
         "HTTP_PROXY": "http://ops:hunter2@proxy.corp:3128",  # a password in the proxy's address
         "UV_INDEX_URL": "https://pypi.corp/simple",
         "UV_EXTRA_INDEX_URL": "https://pypi.org/simple https://bot:tok@private.corp/simple",
@@ -291,15 +291,18 @@ def test_a_build_gets_where_to_fetch_from_never_a_credential() -> None:
         "UV_CACHE_DIR": "/var/cache/uv",
         "AWS_SECRET_ACCESS_KEY": "nope",
         "SSL_CERT_FILE": "/etc/ssl/corp.pem",
+        "HTTPS_PROXY": "alice:S3cret@proxy.corp:3128",  # no scheme, as pip and curl take it
+        "UV_FIND_LINKS": "https://pypi.example/simple?token=QUERYSECRET",
     }
     passed, withheld = envs.build_environ(server)
     assert passed == {
-        "HTTPS_PROXY": "http://proxy.corp:3128",
+        "https_proxy": "http://proxy.corp:3128",
         "SSL_CERT_FILE": "/etc/ssl/corp.pem",
         "UV_INDEX_URL": "https://pypi.corp/simple",
     }
     assert withheld == [
-        "HTTP_PROXY", "UV_CACHE_DIR", "UV_EXTRA_INDEX_URL", "UV_INDEX_PRIVATE_PASSWORD", "UV_PUBLISH_TOKEN"
+        "HTTPS_PROXY", "HTTP_PROXY", "UV_CACHE_DIR", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS", "UV_INDEX_PRIVATE_PASSWORD",
+        "UV_PUBLISH_TOKEN",
     ]  # fmt: skip
 
 
@@ -349,7 +352,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 def call(*args):
     return "ok" if libc.syscall(*args) >= 0 else errno.errorcode[ctypes.get_errno()]
 out = {"vsock": call(41, 40, 1, 0), "fanotify_init": call(300, 0, 0), "open_tree_attr": call(467, -100, b"/", 0, 0, 0),
-       "newer than the policy": call(471, 0), "inet": call(41, 2, 1, 0)}
+       "newer than the policy": call(471, 0), "inet": call(41, 2, 1, 0),
+       "modify_ldt": call(154, 0, 0, 0)}
 t = threading.Thread(target=lambda: None); t.start(); t.join()
 out["thread"] = "ok"
 print(json.dumps(out, sort_keys=True))
@@ -364,7 +368,8 @@ def test_the_policy_refuses_vsock_fanotify_and_calls_newer_than_itself(tmp_path:
     done = subprocess.run(["/bin/sh", "-c", 'exec "$@" 9<"$0"', str(policy), *box, "--", *probe],
                           capture_output=True, text=True, env=envfd.ROOT_ENV, check=False)  # fmt: skip
     assert json.loads(done.stdout) == {
-        "fanotify_init": "EPERM", "inet": "ok", "newer than the policy": "ENOSYS", "open_tree_attr": "EPERM",
+        "fanotify_init": "EPERM", "inet": "ok", "modify_ldt": "EPERM", "newer than the policy": "ENOSYS",
+        "open_tree_attr": "EPERM",
         "thread": "ok", "vsock": "EPERM",
     }, done.stderr  # fmt: skip
     rules = seccomp.oci_profile("x86_64")["syscalls"]

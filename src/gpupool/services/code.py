@@ -66,15 +66,7 @@ def put_blob(
     p = _project(session, who, project)
     if len(data) > CHUNK_BYTES:
         raise TooLarge(f"a blob is at most {CHUNK_BYTES} bytes; cut files into chunks of that size")
-    if quota is not None and session.get(CodeBlobRow, (p.id, digest)) is None:
-        total = select(func.coalesce(func.sum(CodeBlobRow.size), 0)).where(CodeBlobRow.project_id == p.id)
-        held = int(session.scalar(total) or 0)
-        if held + len(data) > quota:
-            raise TooLarge(
-                f"project {project!r} holds {mib(held)} of code, and may hold {mib(quota)}: uploads no "
-                f"workload names are collected {GC_GRACE_S / 3600:g} hours after they were sent (an admin sets the "
-                "quota: code_quota_mib)"
-            )
+    _within_quota(session, p, digest, len(data), quota)
     try:
         new = store.put(digest, data)
     except ValueError as e:
@@ -82,6 +74,20 @@ def put_blob(
     _hold(session, p.id, digest, len(data), time.time())
     session.commit()
     return new
+
+
+def _within_quota(session: Session, p: QueueRow, digest: str, size: int, quota: int | None) -> None:
+    """TooLarge where keeping `size` more bytes under `digest` (one the project does not hold yet) would take the
+    project past `quota`: chunks and manifests alike count."""
+    if quota is None or session.get(CodeBlobRow, (p.id, digest)) is not None:
+        return
+    total = select(func.coalesce(func.sum(CodeBlobRow.size), 0)).where(CodeBlobRow.project_id == p.id)
+    held = int(session.scalar(total) or 0)
+    if held + size > quota:
+        raise TooLarge(
+            f"project {p.name!r} holds {mib(held)} of code, and may hold {mib(quota)}: uploads no workload names "
+            f"are collected {GC_GRACE_S / 3600:g} hours after they were sent (an admin sets the quota: code_quota_mib)"
+        )
 
 
 def _hold(session: Session, project_id: int, digest: str, size: int, now: float) -> None:
@@ -112,9 +118,16 @@ def mib(size: int) -> str:
 
 
 def put_manifest(
-    session: Session, store: BlobStore, who: Principal, project: str, manifest: CodeManifest, max_bytes: int
+    session: Session,
+    store: BlobStore,
+    who: Principal,
+    project: str,
+    manifest: CodeManifest,
+    max_bytes: int,
+    quota: int | None = None,
 ) -> CodeStored:
-    """Keep a code tree whose chunks the project has sent: its `sha256:<hex>`, which a workload's code names."""
+    """Keep a code tree whose chunks the project has sent: its `sha256:<hex>`, which a workload's code names.
+    `quota`: the most bytes of code the project may hold (the manifest's own bytes count too)."""
     p = _project(session, who, project)
     check_paths(manifest)
     total = sum(f.size for f in manifest.files)
@@ -136,6 +149,7 @@ def put_manifest(
             raise Invalid(f"file {f.path[:200]!r}: its chunks hold other than its {f.size} bytes")
     body = manifest.canonical()
     digest = digest_of(body)
+    _within_quota(session, p, digest, len(body), quota)
     store.put(digest, body)
     now = time.time()
     _hold(session, p.id, digest, len(body), now)

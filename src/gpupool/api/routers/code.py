@@ -69,7 +69,8 @@ def upload_code_manifest(
 ) -> CodeStored:
     """A code tree whose chunks the project has uploaded; its `code` is what a workload's `code` takes. Paths are
     checked (relative, no '..', each once, links inside the tree) and the total against the server's limit."""
-    return code.put_manifest(session, store_of(ctx.settings), who, project, body, max_bytes(ctx.settings))
+    quota = ctx.settings.code_quota_mib * 2**20
+    return code.put_manifest(session, store_of(ctx.settings), who, project, body, max_bytes(ctx.settings), quota)
 
 
 @router.post("/code/collect", response_model=dict[str, int])

@@ -226,7 +226,7 @@ def ensure_shared(p: Plan) -> None:
 def build_environ(environ: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """What of `environ` a project's build gets, and the names withheld: any other uv setting (UV_CACHE_DIR too:
     each project's cache is its own, as a shared one would let one project poison another's), and a setting whose
-    URL carries a user or password (a proxy's, a private index's)."""
+    URL carries a user, a password or a query (a proxy's, a private index's)."""
     passed: dict[str, str] = {}
     withheld: list[str] = []
     for name, value in sorted(environ.items()):
@@ -241,10 +241,9 @@ def build_environ(environ: dict[str, str]) -> tuple[dict[str, str], list[str]]:
 
 
 def _carries_credentials(value: str) -> bool:
-    for word in value.replace(",", " ").split():
-        if "://" in word and "@" in word.split("://", 1)[1].split("/", 1)[0]:
-            return True
-    return False
+    """A user or password (`user:pw@host`, with or without a scheme) or a query (`?token=`) anywhere in it. A token
+    in a URL's path cannot be told from a path: docs/security.md says to keep credentials out of those."""
+    return "@" in value or "?" in value
 
 
 def find_uv() -> str | None:

@@ -75,6 +75,8 @@ class Container:
     """Project volumes: (host directory, path inside, read-only), bound as the sandbox binds them."""
     seccomp: str | None = None
     """The members' syscall policy as an OCI profile (seccomp.py): podman's default allows namespaces."""
+    pids_limit: int | None = None
+    """The most processes and threads it may have (the container runs in podman's cgroups, not the member's)."""
 
 
 def name(alloc_id: str, data_dir: Path) -> str:
@@ -123,6 +125,8 @@ def argv(c: Container, command: tuple[str, ...], env_fd: int) -> tuple[str, ...]
         words.append(f"--memory={c.memory_mib}m")
     if c.cpu_milli > 0:
         words.append(f"--cpus={c.cpu_milli / 1000:g}")
+    if c.pids_limit is not None:
+        words.append(f"--pids-limit={c.pids_limit}")
     words += _devices(c.devices)
     return (sys.executable, "-I", __file__, str(env_fd), str(len(words)), *words, c.image, *command)
 

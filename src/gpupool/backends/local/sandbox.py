@@ -386,6 +386,7 @@ class Sandbox:
             reason_file=str(reason),
             mounts=member.mounts,
             seccomp=str(self.image_policy) if self.isolation.sandboxed else None,
+            pids_limit=self.pids_limit if self.isolation.sandboxed else None,
         )
 
     def runs_python(self, module: str) -> bool:

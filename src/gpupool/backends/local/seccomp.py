@@ -64,6 +64,7 @@ _X86_64 = _COMMON | {
         "clock_settime": 227, "adjtimex": 159, "clock_adjtime": 305, "syslog": 103, "vhangup": 153, "iopl": 172,
         "ioperm": 173, "uselib": 134, "ustat": 136, "sysfs": 139, "_sysctl": 156, "nfsservctl": 180,
         "create_module": 174, "get_kernel_syms": 177, "query_module": 178, "fanotify_init": 300,
+        "modify_ldt": 154,
 }  # fmt: skip
 _AARCH64 = _COMMON | {
         "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "unshare": 97, "setns": 268,
