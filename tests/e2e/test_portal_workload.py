@@ -109,7 +109,8 @@ def test_a_batch_sweep_submits_one_trial_per_value(make_server: Callable[..., Se
     form.locator("[name=command]").fill("echo training --lr {value}")
     form.locator("[name=values]").fill("0.1, 0.01, it's")
     form.get_by_role("button", name="Submit").click()
-    expect(page.locator("#list tbody tr")).to_have_count(3)
+    # Three submits, then the list: more than expect's 5 s on a loaded machine (a CI run timed out there).
+    expect(page.locator("#list tbody tr")).to_have_count(3, timeout=30_000)
     made = {w["name"]: w for w in s.json("list")}
     assert sorted(made) == ["lr-0", "lr-1", "lr-2"]
     commands = [s.workload(n)["command"][2] for n in ("lr-0", "lr-1", "lr-2")]
