@@ -64,8 +64,9 @@ def connect(path: str, timeout_s: float) -> socket.socket:
         conn.settimeout(timeout_s)
         with pinned(path) as name:
             conn.connect(name)
-        if peer_uid(conn) != owner(path):
-            raise NotTheApp(f"{path} is listened on by uid {peer_uid(conn)}, not by its member")
+        listener = peer_uid(conn)
+        if listener != owner(path):
+            raise NotTheApp(f"{path} is listened on by uid {listener}, not by its member")
     except BaseException:
         conn.close()
         raise

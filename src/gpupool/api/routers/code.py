@@ -40,6 +40,11 @@ def max_bytes(settings: Settings) -> int:
     return settings.max_code_mib * 2**20
 
 
+def quota_bytes(settings: Settings) -> int:
+    """The most code one project keeps uploaded."""
+    return settings.code_quota_mib * 2**20
+
+
 @router.get("/code/limits", response_model=CodeLimits)
 def code_limits(ctx: ContextDep, who: CurrentUser) -> CodeLimits:
     """How large a code tree this server takes, and the chunk size files are cut into."""
@@ -58,7 +63,7 @@ async def upload_code_blob(
 ) -> Response:
     """A chunk of a file (at most `chunk_bytes`), checked against its digest. Project members only."""
     data = await request.body()
-    quota = ctx.settings.code_quota_mib * 2**20
+    quota = quota_bytes(ctx.settings)
     await run_in_threadpool(code.put_blob, session, store_of(ctx.settings), who, project, digest, data, quota)
     return Response(status_code=204)
 
@@ -69,7 +74,7 @@ def upload_code_manifest(
 ) -> CodeStored:
     """A code tree whose chunks the project has uploaded; its `code` is what a workload's `code` takes. Paths are
     checked (relative, no '..', each once, links inside the tree) and the total against the server's limit."""
-    quota = ctx.settings.code_quota_mib * 2**20
+    quota = quota_bytes(ctx.settings)
     return code.put_manifest(session, store_of(ctx.settings), who, project, body, max_bytes(ctx.settings), quota)
 
 

@@ -68,10 +68,15 @@ def confine(policy: bytes) -> None:
     _check(_LIBC.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "the syscall policy")
 
 
-def start_time(pid: int) -> int:
-    """When `pid` started (clock ticks since boot): with the pid, which process it is."""
+def stat(pid: int) -> tuple[int, int]:
+    """`pid`'s parent and when it started (clock ticks since boot: with the pid, which process it is)."""
     with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[19])
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return int(fields[1]), int(fields[19])
+
+
+def start_time(pid: int) -> int:
+    return stat(pid)[1]
 
 
 def pin(pid: int, start: int) -> int:

@@ -108,8 +108,7 @@ def argv(c: Container, command: tuple[str, ...], env_fd: int) -> tuple[str, ...]
     why = c.unsupported or (None if exe is not None else "podman is not installed (scripts/system-deps installs it)")
     why = why or refused(c.image)
     if why is not None or exe is None:
-        say = f'echo "gpupool: $0"; printf "%s\\n" "$0" > "$1"; exit {CANNOT_START}'
-        return ("/bin/sh", "-c", say, str(why), c.reason_file)
+        return cannot_start(str(why), Path(c.reason_file))
     # -i: the container's stdin is the member's (the wrapper's FIFO, which never ends), so attach reaches it.
     words = [exe, *global_options(), "run", "--rm", "-i", "--name", c.name, "--pull=never", "--log-driver=none"]
     words += ["--user", f"{c.uid}:{c.gid}", "--cap-drop=all", "--security-opt=no-new-privileges", "--read-only"]

@@ -7,10 +7,10 @@ import errno
 import os
 
 
-def make(path: str, make: bool = True) -> None:
+def make(path: str, create: bool = True) -> None:
     """Make the directory `path` on the host where it is missing, each step opened without following a link and
     in a directory root owns; an OSError says why not (a link, a file, another owner's directory on the way).
-    `make`: False checks only."""
+    `create`: False checks only."""
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in [p for p in path.split("/") if p]:
@@ -19,7 +19,7 @@ def make(path: str, make: bool = True) -> None:
             try:
                 step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except FileNotFoundError:
-                if not make:
+                if not create:
                     return
                 os.mkdir(part, 0o755, dir_fd=fd)
                 step = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)

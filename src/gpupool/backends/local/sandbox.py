@@ -362,7 +362,7 @@ class Sandbox:
                 if inside == h or h.startswith(inside.rstrip("/") + "/") or inside.startswith(h + "/"):
                     return f"a volume at {inside} would clash with the workload's working directory ({h})"
             try:
-                mountpoints.make(inside, make=False)
+                mountpoints.make(inside, create=False)
             except OSError as e:
                 return f"a volume cannot be mounted at {inside}: {e.strerror or e} on this host"
         return None
@@ -531,4 +531,3 @@ class Sandbox:
             out.append(f"--property=CPUQuota={member.cpu_milli // 10}%")
         out.append(f"--property=TasksMax={self.pids_limit}")
         return (*out, "--")
-

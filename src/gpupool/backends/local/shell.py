@@ -370,10 +370,9 @@ def _ns(pid: int) -> str | None:
 def _started_under(pid: int, parent: int) -> int | None:
     """The start time of `pid` where it is still a child of `parent`, else None."""
     with contextlib.suppress(OSError, ValueError, IndexError):
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        if int(fields[1]) == parent:
-            return int(fields[19])
+        ppid, start = enter.stat(pid)
+        if ppid == parent:
+            return start
     return None
 
 
