@@ -60,6 +60,7 @@ def local_backend(
     return LocalBackend(
         data_dir, settings.node_name or socket.gethostname(), settings.pool, gpus,
         on_exit=nudge, isolation=isolation, uid_base=settings.uid_base, adopt=adopt, pids_limit=settings.pids_limit,
+        api_port=settings.port or None,
     )  # fmt: skip
 
 

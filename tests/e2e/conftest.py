@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from gpupool.backends.local import images
+from gpupool.backends.local import images, netns
 from gpupool.client import Client
 from tests.e2e.postgres import Postgres
 
@@ -129,6 +129,7 @@ class Server:
         containers = self.data_dir / "containers"
         for marker in containers.iterdir() if containers.is_dir() else ():
             images.remove(images.name(marker.name, self.data_dir))
+        netns.sweep(self.data_dir / "netns")  # their networks, and the NAT each has
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

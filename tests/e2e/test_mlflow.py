@@ -41,6 +41,9 @@ def test_a_tracked_job_logs_into_the_run_gpupool_made_and_tagged_and_its_registe
     s = make_server("fake:2xH100-80GB", "--config", str(config))
     s.cli("project", "create", "vision", "--deserved-gpus", "1")
     assert s.cli("project", "set", "vision", "--mlflow-uri", mlflow).stdout.endswith(f"MLflow {mlflow}\n")
+    # The tracking server listens on this host's loopback, which a workload's own network does not reach: the
+    # project is granted the host's (a tracking server elsewhere on the network needs no grant).
+    s.cli("project", "set", "vision", "--host-network")
     ana = s.json("user", "create", "ana", "--project", "vision")["token"]
     s.cli("submit", "-p", "vision", "--name", "train", "--gpus", "1", "--no-code", "--",
           str(ENV / "bin" / "python"), "-c", TRAIN, token=ana)  # fmt: skip

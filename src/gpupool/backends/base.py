@@ -67,6 +67,8 @@ class LaunchSpec:
     pod_security: str = "restricted"
     """How tightly a pod is confined (kubernetes): "restricted" (a non-root identity of its project's, no
     capabilities) or "baseline" (the image's own user; no privilege escalation). An admin's per-project choice."""
+    host_network: bool = False
+    """The host's network rather than one of its own (local backend): an admin's per-project grant."""
     init: tuple[str, ...] = ()
     """A command run to its end before `argv`, as the member with its environment and the network even where
     `argv` has none of its own (a model server's download); `argv` starts only if it succeeds."""

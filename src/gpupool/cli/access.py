@@ -172,20 +172,31 @@ def project_set(
     mlflow_uri: Annotated[
         str | None, typer.Option("--mlflow-uri", help='Its MLflow tracking server ("" removes it).')
     ] = None,
+    host_network: Annotated[
+        bool | None,
+        typer.Option(
+            "--host-network/--no-host-network",
+            help="Its local workloads share the host's network, loopback included (admins only; default: one each).",
+        ),
+    ] = None,
 ) -> None:
     """Change a project's settings."""
     if pod_security not in (None, "restricted", "baseline"):
         fail(f"--pod-security {pod_security!r}: expected restricted or baseline", 2)
     try:
         body = ProjectSettings.model_validate(
-            {"production_allowed": production, "pod_security": pod_security, "mlflow_uri": mlflow_uri}
+            {
+                "production_allowed": production, "pod_security": pod_security, "mlflow_uri": mlflow_uri,
+                "host_network": host_network,
+            }
         )
     except ValidationError:
         fail(f'--mlflow-uri {mlflow_uri!r}: expected an http(s):// address, or "" to remove it', 2)
     with client() as c:
         q = c.update_project(name, body)
     print(f"project {q.name}: production {'allowed' if q.production_allowed else 'not allowed'} for members, "
-          f"pods {q.pod_security}" + (f", MLflow {q.mlflow_uri}" if q.mlflow_uri else ""))  # fmt: skip
+          f"pods {q.pod_security}" + (", the host's network" if q.host_network else "")
+          + (f", MLflow {q.mlflow_uri}" if q.mlflow_uri else ""))  # fmt: skip
 
 
 @audit_app.command("list")

@@ -352,11 +352,15 @@ class Controller:
             return cached[project_id]
 
         levels = {q.id: q.pod_security for q in queues}
+        hosted = {q.id for q in queues if q.host_network}
         acting = [r for wid, r in sorted(by_id.items()) if wid not in lost]
         mounts = volume_specs(s, acting, projects)
 
         def launcher(launch: Callable[[LaunchSpec], None], specs: list[LaunchSpec]) -> list[BaseException | None]:
-            return self._launch_all(launch, [replace(x, volumes=mounts.get(x.workload_id, ())) for x in specs])
+            return self._launch_all(
+                launch,
+                [replace(x, volumes=mounts.get(x.workload_id, ()), host_network=x.project_id in hosted) for x in specs],
+            )
 
         with self._step("act"):
             own = self._own(s, projects)

@@ -74,6 +74,8 @@ class ProjectSettings(Wire):
     """Whether members may submit at production priority."""
     pod_security: Literal["restricted", "baseline"] | None = None
     """How its pods run on Kubernetes (admins only)."""
+    host_network: bool | None = None
+    """Its local workloads share the host's network instead of one each (admins only)."""
     mlflow_uri: str | None = Field(None, max_length=512, pattern=r"^(https?://[^\s?#]+)?$")
     """Its MLflow tracking server, for the workloads submitted from now on; "" removes it."""
 

@@ -73,6 +73,7 @@ class QueuePublic(Reply):
     """GPUs its running workloads hold now (all pools)."""
     production_allowed: bool = False
     pod_security: str = "restricted"
+    host_network: bool = False
     mlflow_uri: str | None = None
 
 

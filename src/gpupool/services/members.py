@@ -83,13 +83,16 @@ def list_members(session: Session, who: Principal, queue_name: str) -> list[Memb
 
 
 def update_project(session: Session, who: Principal, name: str, body: ProjectSettings) -> QueuePublic:
-    """Production priority: admins and the department's admins. Pod security: admins only."""
+    """Production priority: admins and the department's admins. Pod security and the host network: admins only."""
     queue = visible_queue(session, who, name, "project")
     if not who.manages_project(queue.id):
         raise Forbidden(f"your role ({who.role}) cannot change the settings of {name!r}")
     if body.pod_security is not None:
         who.require_admin()
         queue.pod_security = body.pod_security
+    if body.host_network is not None:
+        who.require_admin()
+        queue.host_network = body.host_network
     if body.production_allowed is not None:
         queue.production_allowed = body.production_allowed
     if body.mlflow_uri is not None:

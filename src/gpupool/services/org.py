@@ -129,6 +129,7 @@ def queue_public(session: Session, row: QueueRow, allocated: dict[int, int] | No
         strict_fifo=row.strict_fifo,
         production_allowed=row.production_allowed,
         pod_security=row.pod_security,
+        host_network=row.host_network,
         mlflow_uri=row.mlflow_uri,
         quotas=[
             QuotaPublic(

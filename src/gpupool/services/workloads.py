@@ -335,6 +335,8 @@ def describe(
     queue = session.get(QueueRow, row.project_id)
     policy = effective(_chain(session, queue)) if queue is not None else Policy()
     project_name = names.get(row.project_id, "?")
+    if queue is not None and queue.host_network and "network" in isolation:
+        isolation = {**isolation, "network": f"the host's: an admin granted {project_name} the host network"}
     detail = workload_detail(
         row, project_name, events, policy, public_url=public_url, isolation=isolation,
         position=reasons.position(session, row), rightsizing=rightsizing.advice_for(session, row),

@@ -43,6 +43,8 @@ class QueueRow(Base):
     pod_security: Mapped[str] = mapped_column(String(16), default="restricted", server_default="restricted")
     """How its Kubernetes pods run: 'restricted' (non-root, no privilege escalation, no capabilities) unless an
     admin allows 'baseline'."""
+    host_network: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Its local workloads share the host's network rather than each having one of its own (an admin's grant)."""
     policy: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     """Idle and runtime limits: {"idle_timeout": {type: s}, "max_runtime": {type: s}, "idle_threshold_pct": n}."""
     burst_after_s: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -21,7 +21,8 @@ def quota(deserved: float, limit: float | None = None, weight: int = 1, pool: st
 def queue(name: str, kind: str, parent: str | None, *quotas: dict[str, Any], **fields: Any) -> dict[str, Any]:
     return {
         "name": name, "kind": kind, "parent": parent, "quotas": list(quotas), "strict_fifo": False,
-        "allocated_gpus": 0.0, "production_allowed": False, "pod_security": "restricted", "mlflow_uri": None, **fields,
+        "allocated_gpus": 0.0, "production_allowed": False, "pod_security": "restricted", "host_network": False,
+        "mlflow_uri": None, **fields,
     }  # fmt: skip
 
 

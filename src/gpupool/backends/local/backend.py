@@ -36,6 +36,7 @@ from gpupool.backends.local.files import WorkdirFiles
 from gpupool.backends.local.gpus import Discovered
 from gpupool.backends.local.launchenv import member_environment
 from gpupool.backends.local.mps import MpsDaemon
+from gpupool.backends.local.netns import NetworkError, Networks, attempt_key, sweep
 from gpupool.backends.local.reaper import Reaper
 from gpupool.backends.local.runs import Found, Record, RunDir, start_ticks
 from gpupool.backends.local.sandbox import APP_SOCKET, Isolation, Limits, Member, Sandbox
@@ -92,12 +93,14 @@ class LocalBackend:
         uid_base: int = 1_900_000_000,
         adopt: bool = True,
         pids_limit: int = 4096,
+        api_port: int | None = None,
     ) -> None:
         """`adopt=False`: one of several servers on this host and data dir, not leading yet. It reads logs and
         reaches apps but takes up no run record (the leader is writing them) until `adopt()`, on taking over."""
         self.data_dir = data_dir
         self.isolation = isolation or Isolation(False, Limits("advisory"))
         self.sandbox = Sandbox(data_dir, self.isolation, uid_base, pids_limit)
+        self.networks = Networks(data_dir / "netns", (api_port,) if api_port else ())
         self._apps_root = apps_root(data_dir)
         self.node_name = node_name
         self.pool = pool
@@ -284,6 +287,11 @@ class LocalBackend:
         if code is not None:  # under the launch's lock and before its intent: see workdirs.py
             self._code.place(spec.workload_id, code, member.workdir, owner)
         self.sandbox.prepare(member)
+        if member.network is not None:
+            try:
+                self.networks.ensure(spec.alloc_id)
+            except (NetworkError, OSError, subprocess.SubprocessError) as e:
+                raise RuntimeError(f"launch {spec.alloc_id}: {e}") from e
         log_file = Path(self.log_path(spec.workload_id, spec.rank))
         log_file.parent.mkdir(parents=True, exist_ok=True)
         env, enforced = member_environment(spec, member, self.sandbox, self.gpus.uuids, self._mps)
@@ -369,6 +377,11 @@ class LocalBackend:
             self._runs.pop(alloc_id, None)
         self._dir.remove(alloc_id)
         self.sandbox.release(alloc_id)
+        key = attempt_key(alloc_id)
+        with self._lock:  # the attempt's other members (a gang) keep its network until the last is forgotten
+            shared = any(attempt_key(a) == key for a in (*self._runs, *self._launching))
+        if not shared and self.isolation.sandboxed:
+            self.networks.release(alloc_id)
         shutil.rmtree(self._app_dir(alloc_id), ignore_errors=True)
 
     def close(self) -> None:
@@ -414,6 +427,9 @@ class LocalBackend:
         return self._apps_root / alloc_id
 
     def _member(self, spec: LaunchSpec) -> Member:
+        network = resolv = None
+        if self.isolation.sandboxed and not spec.host_network:
+            network, resolv = str(self.networks.path(spec.alloc_id)), str(self.networks.resolv(spec.alloc_id))
         devices: tuple[str, ...] = ()
         if spec.devices and not self.gpus.simulated:
             devices = (*_DRIVER_NODES, *(self.gpus.device_node(d.index) for d in spec.devices))
@@ -432,6 +448,8 @@ class LocalBackend:
             image=spec.image,
             kind=spec.kind,
             init=spec.init,
+            network=network,
+            resolv=resolv,
             mounts=tuple((str(self.volumes.paths(v.project, v.name)[0]), v.path, v.read_only) for v in spec.volumes),
         )
 
@@ -497,6 +515,10 @@ class LocalBackend:
             found = self._dir.survey(alloc_id)
             if found is not None:
                 self._track(alloc_id, found)
+        if self.isolation.sandboxed:  # networks of attempts no record names (a crash between making and starting)
+            with self._lock:
+                keep = frozenset(attempt_key(a) for a in self._runs)
+            sweep(self.networks.root, keep)
 
 
 def _has_module(name: str) -> bool:

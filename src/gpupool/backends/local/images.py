@@ -37,6 +37,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.backends.local.netns import DNS_FORWARD
 from gpupool.models.imageref import refused
 
 CANNOT_START = 97
@@ -77,6 +78,8 @@ class Container:
     """The members' syscall policy as an OCI profile (seccomp.py): podman's default allows namespaces."""
     pids_limit: int | None = None
     """The most processes and threads it may have (the container runs in podman's cgroups, not the member's)."""
+    network: str | None = None
+    """Its attempt's network namespace (netns.py), or None: the host's."""
 
 
 def name(alloc_id: str, data_dir: Path) -> str:
@@ -114,7 +117,11 @@ def argv(c: Container, command: tuple[str, ...], env_fd: int) -> tuple[str, ...]
     words += ["--user", f"{c.uid}:{c.gid}", "--cap-drop=all", "--security-opt=no-new-privileges", "--read-only"]
     if c.seccomp is not None:
         words.append(f"--security-opt=seccomp={c.seccomp}")
-    words += ["--network=host", "-v", f"{c.workdir}:{c.workdir}", "-w", c.workdir, "-e", f"HOME={c.workdir}"]
+    if c.network is not None:
+        words += [f"--network=ns:{c.network}", f"--dns={DNS_FORWARD}"]
+    else:
+        words.append("--network=host")
+    words += ["-v", f"{c.workdir}:{c.workdir}", "-w", c.workdir, "-e", f"HOME={c.workdir}"]
     for source, inside, read_only in c.mounts:
         # The volume's directory is the project's uid's alone (700), the container runs as that uid: the same
         # identity reaches it in an image as in the sandbox. podman makes the mount point in the image's root.

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.backends.local import envfd, envs, images, mountpoints, seccomp
+from gpupool.backends.local import envfd, envs, images, mountpoints, netns, seccomp
 from gpupool.models import imageref
 
 APP_DIR_INSIDE = "/run/gpupool"
@@ -68,6 +68,7 @@ class Isolation:
                 "filesystem": "advisory",
                 "processes": "advisory",
                 "apps": "advisory: reachable by anyone on this host",
+                "network": "advisory: the host's",
                 "cpu_memory": "advisory",
             }
         limits = "advisory" if self.limits.mode == "advisory" else f"requests are limits ({self.limits.mode})"
@@ -79,6 +80,8 @@ class Isolation:
             "filesystem": "enforced: bubblewrap; system read-only, own workdir and private /tmp writable",
             "processes": processes,
             "apps": "enforced: reachable only through the server's authenticating proxy",
+            "network": "enforced: a namespace per workload (its own loopback, NAT out, the API's port in); "
+            "the host's for projects an admin grants it",
             "cpu_memory": limits,
         }
 
@@ -97,6 +100,9 @@ def probe(single_user: bool) -> Isolation:
     for tool, package in (("bwrap", "bubblewrap"), ("setpriv", "util-linux"), ("socat", "socat")):
         if shutil.which(tool) is None:
             raise SandboxError(f"{tool} is not installed: install Debian's {package} (or pass --single-user)")
+    lacking = netns.missing()
+    if lacking is not None:
+        raise SandboxError(f"{lacking}, which gives each workload a network of its own (or pass --single-user)")
     box = ["bwrap", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-pid", "--unshare-net", "--"]
     trial = subprocess.run([*box, "true"], capture_output=True, text=True, timeout=30)
     if trial.returncode != 0:
@@ -201,6 +207,10 @@ class Member:
     """Project volumes: (host directory, path inside, read-only)."""
     init: tuple[str, ...] = ()
     """Run to its end first, in the build's box (with the network); the member starts only if it succeeds."""
+    network: str | None = None
+    """Its attempt's network namespace (a file, netns.py), or None: the host's (an admin's grant to its project)."""
+    resolv: str | None = None
+    """The resolv.conf that names the namespace's DNS forwarder."""
 
 
 def drop(uid: int) -> list[str]:
@@ -315,8 +325,9 @@ class Sandbox:
                 f'TCP:127.0.0.1:{member.port} & exec "$@"'
             )
             inner = (*envs.loader_words(env_fd), "/bin/sh", "-c", bridge, "gpupool-app", *command)
-        # The build is the member's work too: within its scope's limits, as within its cgroups.
-        return (*self.systemd_prefix(member), *builder, *box, *drop(uid), *inner), self._cgroup(member)
+        # The build is the member's work too: within its scope's limits and cgroups, and in its network.
+        enter = ("nsenter", f"--net={member.network}", "--") if member.network is not None else ()
+        return (*enter, *self.systemd_prefix(member), *builder, *box, *drop(uid), *inner), self._cgroup(member)
 
     def _box(self, member: Member, binds: list[str], private_network: bool) -> list[str]:
         """bubblewrap's words for a member's views (see the module's docstring), with `binds` added."""
@@ -345,7 +356,9 @@ class Sandbox:
             mountpoints.make(inside)
             box += ["--ro-bind" if read_only else "--bind", source, inside]
         box += binds
-        if private_network:
+        if member.resolv is not None:
+            box += ["--ro-bind", member.resolv, "/etc/resolv.conf"]
+        if private_network and member.network is None:  # a service granted the host's network keeps its port
             box += ["--unshare-net"]
         return [*box, "--chdir", str(member.workdir), "--"]
 
@@ -387,6 +400,7 @@ class Sandbox:
             mounts=member.mounts,
             seccomp=str(self.image_policy) if self.isolation.sandboxed else None,
             pids_limit=self.pids_limit if self.isolation.sandboxed else None,
+            network=member.network,
         )
 
     def runs_python(self, module: str) -> bool:
