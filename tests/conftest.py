@@ -3,6 +3,7 @@ each of SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -12,7 +13,20 @@ import pytest
 from sqlalchemy import Engine
 
 from gpupool.store.engine import make_engine, migrate
+from tests import uids
 from tests.e2e.postgres import Postgres
+
+
+@pytest.fixture(scope="session", autouse=True)
+def uid_base() -> Iterator[None]:
+    """Root servers a test starts without --uid-base take this worker's range (tests/uids.py)."""
+    before = os.environ.get("GPUPOOL_UID_BASE")
+    os.environ["GPUPOOL_UID_BASE"] = str(uids.default_base())
+    yield
+    if before is None:
+        os.environ.pop("GPUPOOL_UID_BASE", None)
+    else:
+        os.environ["GPUPOOL_UID_BASE"] = before
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from gpupool.api.app import create_app
 from gpupool.api.deps import Context
 from gpupool.api.tracing import setup_tracing
 from gpupool.backends.base import Backend
-from gpupool.backends.local import GpuSpecError, discover
+from gpupool.backends.local import GpuSpecError, discover, uidrange
 from gpupool.backends.local.sandbox import Isolation, SandboxError, probe
 from gpupool.control.burst import Bursting
 from gpupool.control.burst_follow import kube_provider
@@ -87,11 +87,20 @@ def store_state(settings: Settings, sessions: sessionmaker[Session]) -> tuple[by
     return key, None if path is None else str(path)
 
 
+_CLAIMS: dict[Path, int] = {}
+"""This process's claims on its uid range (uidrange.py), by data dir: held open for its life."""
+
+
 def isolation(settings: Settings) -> Isolation:
     try:
-        return probe(settings.single_user)
-    except SandboxError as e:
+        found = probe(settings.single_user)
+        if found.sandboxed and settings.data_dir not in _CLAIMS:
+            _CLAIMS[settings.data_dir] = uidrange.claim(settings.data_dir, settings.uid_base)
+        return found
+    except (SandboxError, uidrange.RangeTaken) as e:
         raise StartupError(str(e)) from None
+    except OSError as e:
+        raise StartupError(f"the host's registry of uid ranges ({uidrange.REGISTRY}) cannot be used: {e}") from None
 
 
 def role_map(settings: Settings) -> RoleMap:

@@ -20,6 +20,7 @@ from playwright.sync_api import Browser, sync_playwright
 
 from gpupool.backends.local import images, netns
 from gpupool.client import Client
+from tests import uids
 from tests.e2e.postgres import Postgres
 
 GPUPOOL = str(Path(sys.executable).parent / "gpupool")
@@ -51,6 +52,7 @@ class Server:
         self.gpus = gpus
         self.args = args
         self.port = free_port()
+        self.uid_base = uids.next_base(self.data_dir)
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self._admin_token: str | None = None
@@ -65,7 +67,7 @@ class Server:
     def start(self) -> Server:
         cmd = [GPUPOOL, "server", "--data-dir", str(self.data_dir), "--port", str(self.port), "--gpus", self.gpus]
         cmd += ["--db", self.db_url] if self.db_url else []
-        cmd += ["--interval", "0.5", "--grace", "2", *self.args]
+        cmd += ["--interval", "0.5", "--grace", "2", "--uid-base", str(self.uid_base), *self.args]
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - the server keeps it for its whole life
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         wait_for(self._healthy, 60, f"the server to answer (log: {self.root / 'server.log'})")

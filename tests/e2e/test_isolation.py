@@ -155,7 +155,7 @@ def test_a_workload_cannot_reach_another_projects_workloads_or_the_server(
         "gpus": "0",
         "uid": (s.data_dir / "workloads" / str(attacker["id"])).stat().st_uid,
     }
-    assert got["uid"] >= 1_900_000_000 and got["uid"] != victim_dir.stat().st_uid
+    assert s.uid_base < got["uid"] < s.uid_base + 100 and got["uid"] != victim_dir.stat().st_uid
     # Secrets are never shown back, not even to their project.
     listed = s.json("secret", "list", "-p", "red", token=red)
     assert [(x["name"], sorted(x)) for x in listed] == [("RED_KEY", ["name", "project", "updated_at", "updated_by"])]

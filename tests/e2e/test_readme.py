@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import uids
 from tests.e2e.conftest import GPUPOOL, wait_for
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -151,7 +152,9 @@ def test_the_readme_server_is_the_one_scripts_start_runs() -> None:
 def _env(home: Path) -> dict[str, str]:
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "XDG_"))}
     venv = str(Path(GPUPOOL).parent)
+    # GPUPOOL_UID_BASE: a root server claims a uid range of its own on this host, one no other test server uses.
     return keep | {"HOME": str(home), "PATH": f"{venv}:{keep.get('PATH', '')}", "COLUMNS": "100",
+                   "GPUPOOL_UID_BASE": str(uids.next_base()),
                    "VIRTUAL_ENV": str(Path(venv).parent)}  # fmt: skip
 
 

@@ -23,6 +23,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests import uids
 from tests.e2e.conftest import GPUPOOL, free_port, wait_for
 from tests.e2e.envs import environment
 
@@ -64,7 +65,8 @@ def _clean_env(home: Path) -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
     path = ":".join(p for p in os.environ.get("PATH", "").split(":") if p and p != venv_bin)
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "XDG_", "VIRTUAL_ENV"))}
-    return keep | {"HOME": str(home), "PATH": path}
+    # A root server claims a uid range of its own on this host: one the test run's other servers do not use.
+    return keep | {"HOME": str(home), "PATH": path, "GPUPOOL_UID_BASE": str(uids.next_base())}
 
 
 def _caches() -> dict[str, str]:

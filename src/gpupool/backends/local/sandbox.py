@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.backends.local import envfd, envs, images, mountpoints, netns, seccomp
+from gpupool.backends.local import envfd, envs, images, mountpoints, netns, seccomp, uidrange
 from gpupool.models import imageref
 
 APP_DIR_INSIDE = "/run/gpupool"
@@ -249,6 +249,8 @@ class Sandbox:
         envs.configure(self._envs_root, dict(os.environ))
 
     def uid(self, project_id: int) -> int:
+        if project_id >= uidrange.SPAN:  # past its range: another server's uids (uidrange.py)
+            raise SandboxError(f"project id {project_id} is past this server's {uidrange.SPAN} identities")
         return self.uid_base + project_id
 
     def app_socket(self, app_dir: Path) -> str:
