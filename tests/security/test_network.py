@@ -6,6 +6,8 @@ must still work (the API's port, the way out, a gang's shared loopback, an admin
 from __future__ import annotations
 
 import http.server
+import os
+import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -135,3 +137,22 @@ def test_a_gangs_members_share_their_loopback_and_only_an_admin_grants_the_hosts
     assert _lines(s, "hosted", rita, "REACH", 1) == [f"REACH 127.0.0.1 {loopback_only} open"]
     detail = s.json("describe", "hosted", token=rita)
     assert detail["isolation"]["network"] == "the host's: an admin granted red the host network"
+
+
+@SQLITE
+def test_a_restarted_server_starts_the_way_out_again_for_the_members_it_adopts(
+    make_server: Callable[..., Server],
+) -> None:
+    s = make_server("fake:1xH100-80GB")
+    s.cli("project", "create", "red", "--deserved-gpus", "1")
+    api = int(s.url.rsplit(":", 1)[1])
+    wait = f"while [ ! -e go ]; do sleep 0.1; done; exec python3 -c \"$0\" 1 127.0.0.1:{api}"
+    s.cli("submit", "-p", "red", "--name", "long", "--", "sh", "-c", wait, PROBE)
+    row = s.wait_state("long", "running", timeout=60)
+    # A service manager's restart ends the server's whole cgroup: its NAT processes with it; the member runs on.
+    s.kill()
+    for pidfile in (s.data_dir / "netns").glob("*.pasta"):
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    s.start()
+    (s.data_dir / "workloads" / str(row["id"]) / "go").touch()
+    assert _lines(s, "long", s.admin_token, "REACH", 2)[1] == f"REACH 127.0.0.1 {api} open"

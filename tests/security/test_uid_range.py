@@ -48,6 +48,15 @@ def test_an_overlapping_range_is_refused_while_its_server_lives_or_anything_runs
     assert [p.read_text() for p in registry.glob("*.range")] == [f"{BASE}\n{b}\n"]
 
 
+def test_a_registry_another_account_could_change_is_refused(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    registry.mkdir(mode=0o700)
+    os.chown(registry, 65534, 65534)  # nobody could unlink live entries, or plant links for root to write through
+    with pytest.raises(PermissionError, match=f"^{registry} is not root's alone \\(owner 65534, mode 700\\)$"):
+        claim(tmp_path / "a", BASE, registry)
+    assert list(registry.iterdir()) == []
+
+
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_second_root_server_with_another_store_in_the_same_range_refuses_to_start(
     make_server: Callable[..., Server], tmp_path: Path

@@ -254,7 +254,11 @@ class LocalBackend:
             if self._dir.started(alloc_id, lock_fd, known):  # it ran, and ended, before this server knew of it
                 self._track(alloc_id, Found(known or Record(), False, None, None))
                 return
-            proc, record = self._start(spec, lock_fd)
+            try:
+                proc, record = self._start(spec, lock_fd)
+            except BaseException:
+                self._release_network(alloc_id)  # made for it, where no other member of its attempt uses it
+                raise
         finally:
             os.close(lock_fd)  # the wrapper's copy keeps the lock for as long as it lives
         try:
@@ -377,11 +381,7 @@ class LocalBackend:
             self._runs.pop(alloc_id, None)
         self._dir.remove(alloc_id)
         self.sandbox.release(alloc_id)
-        key = attempt_key(alloc_id)
-        with self._lock:  # the attempt's other members (a gang) keep its network until the last is forgotten
-            shared = any(attempt_key(a) == key for a in (*self._runs, *self._launching))
-        if not shared and self.isolation.sandboxed:
-            self.networks.release(alloc_id)
+        self._release_network(alloc_id)
         shutil.rmtree(self._app_dir(alloc_id), ignore_errors=True)
 
     def close(self) -> None:
@@ -453,6 +453,16 @@ class LocalBackend:
             mounts=tuple((str(self.volumes.paths(v.project, v.name)[0]), v.path, v.read_only) for v in spec.volumes),
         )
 
+    def _release_network(self, alloc_id: str) -> None:
+        """The attempt's network removed, unless another of its members (a gang's) runs or is being launched."""
+        if not self.isolation.sandboxed:
+            return
+        key = attempt_key(alloc_id)
+        with self._lock:
+            others = [a for a in (*self._runs, *self._launching) if a != alloc_id and attempt_key(a) == key]
+        if not others:
+            self.networks.release(alloc_id)
+
     def _owner(self, spec: LaunchSpec) -> int | None:
         return self.sandbox.uid(spec.project_id) if self.isolation.sandboxed else None
 
@@ -517,8 +527,13 @@ class LocalBackend:
                 self._track(alloc_id, found)
         if self.isolation.sandboxed:  # networks of attempts no record names (a crash between making and starting)
             with self._lock:
-                keep = frozenset(attempt_key(a) for a in self._runs)
-            sweep(self.networks.root, keep)
+                runs = list(self._runs.items())
+            sweep(self.networks.root, frozenset(attempt_key(a) for a, _ in runs))
+            for alloc_id in (a for a, r in runs if self._alive(r)):
+                try:
+                    self.networks.revive(alloc_id)
+                except (NetworkError, OSError, subprocess.SubprocessError) as e:
+                    log.warning("member %s: its network's way out could not be started again (%s)", alloc_id, e)
 
 
 def _has_module(name: str) -> bool:

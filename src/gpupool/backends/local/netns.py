@@ -95,7 +95,7 @@ class Networks:
             pidfile.unlink()
         tcp = ",".join(str(p) for p in self.forward) or "none"
         argv = [
-            "pasta", "--config-net", "-a", ADDRESS, "-n", PREFIX, "-g", GATEWAY, "--no-map-gw",
+            "pasta", "-4", "--config-net", "-a", ADDRESS, "-n", PREFIX, "-g", GATEWAY, "--no-map-gw",
             "--dns-forward", DNS_FORWARD, "-t", "none", "-u", "none", "-T", tcp, "-U", "none",
             "-q", "-P", str(pidfile), "--runas", "0", "--netns", str(path),
         ]  # fmt: skip
@@ -115,6 +115,14 @@ class Networks:
             proc.kill()
             raise NetworkError("its network's NAT (pasta) did not come up in 6 s")
         threading.Thread(target=proc.wait, name="gpupool-pasta", daemon=True).start()  # reaped when it ends
+
+    def revive(self, alloc_id: str) -> None:
+        """After a restart: the NAT of a namespace that is still there started again where it is gone (a service
+        manager's restart ends the server's whole cgroup, pasta included, while members run on)."""
+        path, pidfile = self.path(alloc_id), self.root / f"{attempt_key(alloc_id)}.pasta"
+        with self._lock:
+            if _bound(path) and not _pasta_serves(pidfile, path):
+                self._start_pasta(path, pidfile)
 
     def release(self, alloc_id: str) -> None:
         """The attempt's namespace removed: its pasta ends with it (it watches the file)."""

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 SPAN = 100_000
@@ -32,9 +33,10 @@ def claim(data_dir: Path, base: int, registry: Path = REGISTRY) -> int:
     """Claim [base, base + SPAN) for the server on `data_dir`; returns the descriptor whose lock holds the claim
     (kept open for the server's life). Raises RangeTaken."""
     registry.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _trusted(registry)
     where = str(data_dir.resolve())
     me = hashlib.sha256(where.encode()).hexdigest()[:20]
-    guard = os.open(registry / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    guard = os.open(registry / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(guard, fcntl.LOCK_EX)
         uids = None
@@ -59,7 +61,7 @@ def claim(data_dir: Path, base: int, registry: Path = REGISTRY) -> int:
                 f"gpupool server on {other_dir}: two servers with different projects would share identities. "
                 f"Give this one a range of its own (--uid-base {free}), or use that server's data directory"
             )
-        fd = os.open(registry / f"{me}.range", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(registry / f"{me}.range", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_SH)
         text = f"{base}\n{where}\n".encode()
         if os.pread(fd, 4096, 0) != text:
@@ -70,6 +72,16 @@ def claim(data_dir: Path, base: int, registry: Path = REGISTRY) -> int:
         os.close(guard)
 
 
+def _trusted(registry: Path) -> None:
+    """Refuse a registry that anyone but root could change: each directory on its way root's and writable by no
+    one else (a sticky one, as /tmp, excepted), and no link. Another account that could would unlink live entries
+    (two servers sharing uids) or plant links for root to write through."""
+    for d in (registry, *registry.parents):
+        st = os.lstat(d)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise PermissionError(f"{d} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
+
+
 def _read(entry: Path) -> tuple[int, str]:
     base, where = entry.read_text().splitlines()[:2]
     return int(base), where
@@ -77,7 +89,7 @@ def _read(entry: Path) -> tuple[int, str]:
 
 def _held(entry: Path) -> bool:
     """Whether a server holds the entry's lock (replicas hold it shared; nobody holds it exclusively)."""
-    fd = os.open(entry, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(entry, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
