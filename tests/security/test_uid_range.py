@@ -48,6 +48,19 @@ def test_an_overlapping_range_is_refused_while_its_server_lives_or_anything_runs
     assert [p.read_text() for p in registry.glob("*.range")] == [f"{BASE}\n{b}\n"]
 
 
+def test_a_range_a_host_user_holds_as_subordinate_ids_is_refused(tmp_path: Path) -> None:
+    subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
+    subuid.write_text(f"ana:{BASE + 10}:65536\n")
+    subgid.write_text("")
+    with pytest.raises(RangeTaken) as refused:
+        claim(tmp_path / "a", BASE, tmp_path / "registry", (subuid, subgid))
+    assert str(refused.value) == (
+        f"uids {BASE}-{BASE + SPAN - 1} overlap ana's subordinate ids in {subuid} ({BASE + 10}-{BASE + 10 + 65535}): "
+        "that user could act as a project. Give this server another --uid-base"
+    )
+    os.close(claim(tmp_path / "a", BASE + SPAN * 2, tmp_path / "registry", (subuid, subgid)))
+
+
 def test_a_registry_another_account_could_change_is_refused(tmp_path: Path) -> None:
     registry = tmp_path / "registry"
     registry.mkdir(mode=0o700)

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -32,6 +33,16 @@ from gpupool.backends.local import envfd
 log = logging.getLogger(__name__)
 
 ADDRESS, PREFIX, GATEWAY = "10.88.0.2", "24", "10.88.0.1"
+_NO_WAY_OUT = ("No external routable interface", "External interface not usable")
+"""What pasta says where the host has no route out."""
+_LOOPBACK_UP = (
+    "import fcntl, socket, struct\n"
+    "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "flags = struct.unpack('16sH', fcntl.ioctl(s, 0x8913, struct.pack('16sH14x', b'lo', 0))[:18])[1]\n"
+    "fcntl.ioctl(s, 0x8914, struct.pack('16sH14x', b'lo', flags | 1))\n"
+)
+"""The new namespace's loopback brought up (SIOCGIFFLAGS, SIOCSIFFLAGS with IFF_UP), by the server's own Python:
+pasta does it too, but a host with no route out has no pasta."""
 DNS_FORWARD = "10.88.0.3"
 MNT_DETACH = 2
 
@@ -75,7 +86,7 @@ class Networks:
             if not _bound(path):
                 path.touch(mode=0o600)
                 made = subprocess.run(
-                    ["unshare", f"--net={path}", "--", "true"],
+                    ["unshare", f"--net={path}", "--", sys.executable, "-I", "-S", "-c", _LOOPBACK_UP],
                     capture_output=True, text=True, timeout=30, env=envfd.ROOT_ENV, check=False,
                 )  # fmt: skip
                 if made.returncode != 0 or not _bound(path):
@@ -109,6 +120,11 @@ class Networks:
                 break
             if proc.poll() is not None:
                 err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+                if any(line in err for line in _NO_WAY_OUT):
+                    # A host with no route out (air-gapped): the member runs on its loopback alone, where an
+                    # outage of every launch would help no one.
+                    log.warning("this host has no route out: workload networks have no way out (%s)", err)
+                    return
                 raise NetworkError(f"its network's NAT (pasta) did not start: {err or proc.returncode}")
             threading.Event().wait(0.02)
         else:
@@ -157,6 +173,8 @@ def _pasta_serves(pidfile: Path, path: Path) -> bool:
     try:
         pid = int(pidfile.read_text().strip())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if os.stat(f"/proc/{pid}").st_uid != 0:  # a tenant's process may name itself anything
+            return False
     except (OSError, ValueError):
         return False
     return bool(cmdline) and os.path.basename(cmdline[0]) == b"pasta" and str(path).encode() in cmdline

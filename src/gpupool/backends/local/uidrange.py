@@ -23,15 +23,26 @@ from pathlib import Path
 SPAN = 100_000
 """uids per server: projects (and departments, whose ids they share) up to this id."""
 REGISTRY = Path("/var/lib/gpupool/uid-ranges")
+SUBORDINATE = (Path("/etc/subuid"), Path("/etc/subgid"))
+"""The host's subordinate ids (rootless podman's, a user namespace's): a user who holds one acts as that uid."""
 
 
 class RangeTaken(Exception):
     """Another server on this host gives out uids of this range; the message says which and what to do."""
 
 
-def claim(data_dir: Path, base: int, registry: Path = REGISTRY) -> int:
+def claim(
+    data_dir: Path, base: int, registry: Path = REGISTRY, subordinate: tuple[Path, ...] = SUBORDINATE
+) -> int:
     """Claim [base, base + SPAN) for the server on `data_dir`; returns the descriptor whose lock holds the claim
     (kept open for the server's life). Raises RangeTaken."""
+    for ids in subordinate:
+        for user, start, count in _subordinate(ids):
+            if start < base + SPAN and base < start + count:
+                raise RangeTaken(
+                    f"uids {base}-{base + SPAN - 1} overlap {user}'s subordinate ids in {ids} ({start}-"
+                    f"{start + count - 1}): that user could act as a project. Give this server another --uid-base"
+                )
     registry.mkdir(mode=0o700, parents=True, exist_ok=True)
     _trusted(registry)
     where = str(data_dir.resolve())
@@ -80,6 +91,16 @@ def _trusted(registry: Path) -> None:
         st = os.lstat(d)
         if stat.S_ISLNK(st.st_mode) or st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
             raise PermissionError(f"{d} is not root's alone (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def _subordinate(ids: Path) -> list[tuple[str, int, int]]:
+    out = []
+    with contextlib.suppress(OSError):
+        for line in ids.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                user, start, count = line.strip().split(":")
+                out.append((user, int(start), int(count)))
+    return out
 
 
 def _read(entry: Path) -> tuple[int, str]:
