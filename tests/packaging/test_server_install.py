@@ -161,6 +161,7 @@ def test_no_module_the_server_loads_needs_another_extra(tmp_path: Path) -> None:
     cmd = [sys.executable, "-X", "importtime", "-c", SERVER_RUN, "server", "--data-dir", str(data), "--port",
            str(port), "--interval", "0.5", "--gpus", "fake:2xH100-80GB"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env["GPUPOOL_UID_BASE"] = str(uids.next_base())  # a root server's range of its own on this host
     try:
         with _serving(cmd, log, env, tmp_path, port, 120) as url:
             user = env | {"GPUPOOL_URL": url, "GPUPOOL_TOKEN": (data / "admin-token").read_text().strip()}
