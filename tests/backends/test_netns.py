@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpupool.backends.local.netns import Networks
+from gpupool.backends.local.netns import Networks, sweep
 
 # Its loopback up: a listener there takes a connection.
 LOOPBACK = (
@@ -28,5 +28,7 @@ def test_a_host_with_no_route_out_gives_members_their_loopback_and_no_nat(tmp_pa
     inside = subprocess.run(["nsenter", f"--net={root / '7-0'}", sys.executable, "-c", LOOPBACK],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert inside.stdout == "loopback up\n", inside.stderr
-    Networks(root, ()).release("7-0-1")  # any member of the attempt
+    Networks(root, ()).release("7-0-1")  # any member of the attempt: unmounted, its empty file left for a sweep
+    assert sorted(p.name for p in root.iterdir()) == ["7-0"] and (root / "7-0").stat().st_size == 0
+    sweep(root)
     assert list(root.iterdir()) == []

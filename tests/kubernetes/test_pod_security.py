@@ -44,7 +44,7 @@ def test_a_launched_pod_is_stored_restricted_in_a_namespace_that_enforces_restri
     core = client.CoreV1Api(cluster.api())
     (pod,) = core.list_namespaced_pod("gpupool-secure", label_selector="gpupool.io/workload=confined").items
     stored = _stored(cluster, pod)["spec"]
-    uid = 1_900_000_000 + project_id
+    uid = s.uid_base + project_id
     assert stored["securityContext"] == {
         "runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
         "seccompProfile": {"type": "RuntimeDefault"},

@@ -140,8 +140,11 @@ class Networks:
             if _bound(path) and not _pasta_serves(pidfile, path):
                 self._start_pasta(path, pidfile)
 
-    def release(self, alloc_id: str) -> None:
-        """The attempt's namespace removed: its pasta ends with it (it watches the file)."""
+    def release(self, alloc_id: str, remove: bool = False) -> None:
+        """The attempt's namespace unmounted: its pasta ends with it (it watches the mount). The empty file it was
+        mounted on stays until `remove` (a sweep, when nothing launches): bubblewrap binds the whole system into
+        each sandbox, submounts included, and remounts each read-only by its path; a namespace's file removed in
+        between failed that sandbox ("Can't bind mount /oldroot/ ... No such file or directory")."""
         path = self.path(alloc_id)
         with self._lock:
             if _bound(path):
@@ -149,16 +152,17 @@ class Networks:
                 if libc.umount2(str(path).encode(), MNT_DETACH) != 0:
                     log.warning("network %s: unmount failed (%s)", path.name, os.strerror(ctypes.get_errno()))
                     return
-            for p in (path, self.resolv(alloc_id), self.root / f"{attempt_key(alloc_id)}.pasta"):
+            for p in (self.resolv(alloc_id), self.root / f"{attempt_key(alloc_id)}.pasta", *([path] if remove else [])):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
 
 
 def sweep(root: Path, keep: frozenset[str] = frozenset()) -> None:
-    """Remove every namespace under `root` but those of the attempts in `keep` (a server's leftovers)."""
+    """Remove every namespace under `root` but those of the attempts in `keep`, with their files (a server's
+    leftovers, at its start, before it launches anything)."""
     for f in root.iterdir() if root.is_dir() else ():
         if "." not in f.name and f.name not in keep:
-            Networks(root, ()).release(f"{f.name}-0")
+            Networks(root, ()).release(f"{f.name}-0", remove=True)
 
 
 def _bound(path: Path) -> bool:
